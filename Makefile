@@ -1,0 +1,45 @@
+# ngx_http_idempotency_module
+#
+#   make            build the module against Debian's nginx (nginx-dev)
+#   make test       install what is missing, build, run the suite on a
+#                   private Redis
+#   make test-asan  the same with the module built under AddressSanitizer
+#   make demo       a running demo with curl output
+
+SHELL      := /bin/bash
+NGINX_SRC  ?= /usr/share/nginx/src
+NGINX_BIN  ?= /usr/sbin/nginx
+BUILD      ?= $(CURDIR)/build
+MODULE      = $(BUILD)/ngx_http_idempotency_module.so
+SRCS        = config $(wildcard src/*.c src/*.h)
+EXTRA_CFLAGS ?=
+
+export TEST_NGINX_REDIS_PORT ?= 16379
+
+.PHONY: all module deps test test-asan demo clean
+
+all: module
+
+module: $(MODULE)
+
+$(MODULE): $(SRCS)
+	./util/build.sh "$(NGINX_SRC)" "$(BUILD)" "$(EXTRA_CFLAGS)"
+
+deps:
+	./util/deps.sh
+
+test: deps
+	$(MAKE) module
+	./util/test.sh "$(MODULE)"
+
+test-asan: deps
+	$(MAKE) module BUILD=$(BUILD)-asan \
+	    EXTRA_CFLAGS="-fsanitize=address -fno-omit-frame-pointer"
+	TEST_ASAN=1 ./util/test.sh "$(BUILD)-asan/ngx_http_idempotency_module.so"
+
+demo: deps
+	$(MAKE) module
+	./demo/run.sh "$(MODULE)"
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan t/servroot

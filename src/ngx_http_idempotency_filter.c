@@ -1,0 +1,394 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * Capture of the owner's response while it streams to the client, and the
+ * owner-checked store or release of the claim.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_CHUNK  16384
+
+
+static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
+static void ngx_http_idempotency_store(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+
+
+ngx_int_t
+ngx_http_idempotency_header_filter(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (r != r->main) {
+        return ngx_http_idempotency_next_header(r);
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || !ctx->owner || ctx->finished || ctx->header_seen) {
+        return ngx_http_idempotency_next_header(r);
+    }
+
+    ctx->header_seen = 1;
+
+    if (!ngx_http_idempotency_store_status_ok(ctx->conf,
+                                              r->headers_out.status))
+    {
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "idempotency: status %ui not stored, releasing",
+                       r->headers_out.status);
+
+        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        return ngx_http_idempotency_next_header(r);
+    }
+
+    ctx->capture.expected = r->headers_out.content_length_n;
+
+    rc = ngx_http_idempotency_record_header(r, ctx->conf, &ctx->capture,
+                                            ctx->claim);
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_idempotency_too_large(r, ctx);
+        return ngx_http_idempotency_next_header(r);
+    }
+
+    if (rc != NGX_OK) {
+        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        return NGX_ERROR;
+    }
+
+    ctx->capturing = 1;
+
+    /*
+     * file buffers are read into memory by the copy filter above us; the
+     * range filter below us must not turn what we store into a 206
+     */
+
+    r->filter_need_in_memory = 1;
+    r->allow_ranges = 0;
+
+    rc = ngx_http_idempotency_next_header(r);
+
+    if (ctx->capturing && r->header_only) {
+        /* no body will follow (204, HEAD) */
+        ctx->capture.expected = 0;
+        ctx->capture.end = ctx->capture.last;
+        ngx_http_idempotency_record_set_body_len(&ctx->capture,
+                                                 ctx->capture.last);
+        ngx_http_idempotency_store(r, ctx);
+    }
+
+    return rc;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_buf_t                   *b;
+    ngx_chain_t                 *cl;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (in == NULL || r != r->main) {
+        return ngx_http_idempotency_next_body(r, in);
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || !ctx->capturing) {
+        return ngx_http_idempotency_next_body(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_http_idempotency_capture(r, ctx, b) != NGX_OK) {
+            break;
+        }
+
+        if (b->last_buf) {
+            ngx_http_idempotency_store(r, ctx);
+            break;
+        }
+    }
+
+    return ngx_http_idempotency_next_body(r, in);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_capture(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b)
+{
+    u_char                          *pos;
+    size_t                           n, room, size;
+    ngx_buf_t                       *cb;
+    ngx_chain_t                     *cl;
+    ngx_http_idempotency_capture_t  *cap;
+
+    if (ngx_buf_special(b)) {
+        return NGX_OK;
+    }
+
+    if (!ngx_buf_in_memory(b)) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: response body is not in memory, "
+                      "not stored");
+        ctx->capturing = 0;
+        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        return NGX_ERROR;
+    }
+
+    cap = &ctx->capture;
+    n = b->last - b->pos;
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    if (cap->expected >= 0) {
+
+        if ((size_t) (cap->end - cap->last) < n) {
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "idempotency: response body exceeds its "
+                          "Content-Length, not stored");
+            ctx->capturing = 0;
+            ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+            return NGX_ERROR;
+        }
+
+        cap->last = ngx_cpymem(cap->last, b->pos, n);
+        cap->body_len += n;
+
+        return NGX_OK;
+    }
+
+    size = (cap->last - cap->start) + cap->body_len;
+
+    if (n > ctx->conf->store_max_size - size) {
+        ngx_http_idempotency_too_large(r, ctx);
+        return NGX_ERROR;
+    }
+
+    pos = b->pos;
+
+    while (n) {
+        cb = cap->tail;
+
+        if (cb == NULL || cb->last == cb->end) {
+            cb = ngx_create_temp_buf(r->pool,
+                                     ngx_max(n, NGX_HTTP_IDEMPOTENCY_CHUNK));
+            if (cb == NULL) {
+                goto failed;
+            }
+
+            cl = ngx_alloc_chain_link(r->pool);
+            if (cl == NULL) {
+                goto failed;
+            }
+
+            cl->buf = cb;
+            cl->next = NULL;
+
+            *cap->chunks_last = cl;
+            cap->chunks_last = &cl->next;
+            cap->tail = cb;
+        }
+
+        room = ngx_min(n, (size_t) (cb->end - cb->last));
+        cb->last = ngx_cpymem(cb->last, pos, room);
+        pos += room;
+        cap->body_len += room;
+        n -= room;
+    }
+
+    return NGX_OK;
+
+failed:
+
+    ctx->capturing = 0;
+    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+
+    return NGX_ERROR;
+}
+
+
+static void
+ngx_http_idempotency_store(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char                          *p, *value;
+    size_t                           head, len;
+    ngx_chain_t                     *cl;
+    ngx_http_idempotency_capture_t  *cap;
+
+    cap = &ctx->capture;
+    ctx->capturing = 0;
+
+    if (cap->expected >= 0) {
+
+        if (cap->last != cap->end) {
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "idempotency: response body truncated "
+                          "(%uz of %O bytes), not stored",
+                          cap->body_len, cap->expected);
+            ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+            return;
+        }
+
+        ngx_http_idempotency_finish(ctx, cap->start, cap->end - cap->start,
+                                    ctx->conf->ttl, r->connection->log);
+        return;
+    }
+
+    /* unknown length: header part, then the chunks */
+
+    head = cap->last - cap->start;
+    len = head + cap->body_len;
+
+    value = ngx_pnalloc(r->pool, len);
+    if (value == NULL) {
+        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        return;
+    }
+
+    p = ngx_cpymem(value, cap->start, head);
+
+    for (cl = cap->chunks; cl; cl = cl->next) {
+        p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
+    }
+
+    ngx_http_idempotency_record_set_body_len(cap, value + head);
+
+    ngx_http_idempotency_finish(ctx, value, len, ctx->conf->ttl,
+                                r->connection->log);
+}
+
+
+static void
+ngx_http_idempotency_too_large(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char  *buf;
+
+    ctx->capturing = 0;
+
+    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                  "idempotency: response larger than "
+                  "idempotency_store_max_size %uz, stored as too large",
+                  ctx->conf->store_max_size);
+
+    buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2);
+    if (buf == NULL) {
+        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        return;
+    }
+
+    ngx_http_idempotency_record_tombstone(buf, ctx->claim,
+                                          r->headers_out.status);
+
+    ngx_http_idempotency_finish(ctx, buf, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2,
+                                ctx->conf->ttl, r->connection->log);
+}
+
+
+/*
+ * Stores the final record, or releases the claim when value is NULL.  The
+ * script only acts if the key still holds our own claim.  Fire and forget:
+ * the request does not wait for the reply.
+ */
+
+void
+ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
+    size_t len, ngx_msec_t ttl, ngx_log_t *log)
+{
+    u_char                     ttl_buf[NGX_INT_T_LEN];
+    size_t                     argvlen[7];
+    const char                *argv[7];
+    ngx_http_idempotency_op_t *op;
+
+    if (ctx->finished) {
+        return;
+    }
+
+    ctx->finished = 1;
+    ctx->capturing = 0;
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        goto failed;
+    }
+
+    op->handler = ngx_http_idempotency_finish_done;
+    op->store = value ? 1 : 0;
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_finish_script.data;
+    argvlen[1] = ngx_http_idempotency_finish_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) ctx->rkey.data;
+    argvlen[3] = ctx->rkey.len;
+    argv[4] = (const char *) ctx->claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[5] = value ? (const char *) value : "";
+    argvlen[5] = value ? len : 0;
+    argv[6] = (const char *) ttl_buf;
+    argvlen[6] = ngx_sprintf(ttl_buf, "%M", ttl) - ttl_buf;
+
+    if (ngx_http_idempotency_redis_command(op, 7, argv, argvlen) == NGX_OK) {
+        return;
+    }
+
+failed:
+
+    ngx_log_error(NGX_LOG_ERR, log, 0,
+                  "idempotency: cannot %s the record, redis unavailable; "
+                  "the key stays claimed until idempotency_lock_ttl",
+                  value ? "store" : "release");
+}
+
+
+static void
+ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_log_t  *log;
+
+    log = op->redis->log;
+
+    if (reply == NULL) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" went away before the "
+                      "record was %s", &op->redis->name,
+                      op->store ? "stored" : "released");
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" refused to %s the record: "
+                      "%*s", &op->redis->name,
+                      op->store ? "store" : "release",
+                      (size_t) reply->len, reply->str);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "idempotency: claim was lost before the record was "
+                      "%s (idempotency_lock_ttl expired?)",
+                      op->store ? "stored" : "released");
+    }
+}

@@ -1,0 +1,716 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The precontent phase handler: key, body fingerprint, one claim round trip,
+ * and the decision.  The handler re-enters on every wake-up and only reads
+ * ctx->state, so spurious wake-ups are harmless.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_POLL_MIN  10
+#define NGX_HTTP_IDEMPOTENCY_POLL_MAX  200
+
+
+static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf);
+static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key);
+static ngx_http_idempotency_ctx_t *ngx_http_idempotency_create_ctx(
+    ngx_http_request_t *r, ngx_http_idempotency_loc_conf_t *conf);
+static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_idempotency_claim(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
+static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_reject(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem);
+static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
+static void ngx_http_idempotency_wake(ngx_http_request_t *r);
+static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_cleanup(void *data);
+
+
+static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
+
+
+ngx_int_t
+ngx_http_idempotency_handler(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_ctx_t       *ctx;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    if (r != r->main) {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL) {
+        conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+        if (!conf->enable || !(r->method & conf->methods)) {
+            return NGX_DECLINED;
+        }
+
+        return ngx_http_idempotency_start(r, conf);
+    }
+
+    switch (ctx->state) {
+
+    case NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE:
+        return ngx_http_idempotency_claim(r, ctx);
+
+    case NGX_HTTP_IDEMPOTENCY_ST_DECIDED:
+        return ngx_http_idempotency_act(r, ctx);
+
+    case NGX_HTTP_IDEMPOTENCY_ST_READING_BODY:
+    case NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS:
+    case NGX_HTTP_IDEMPOTENCY_ST_POLLING:
+        return NGX_AGAIN;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_ST_DONE, again after a redirect */
+        return NGX_DECLINED;
+    }
+}
+
+
+/*
+ * The ctx lives in r->pool; an internal redirect (error_page, try_files,
+ * X-Accel-Redirect) wipes r->ctx but not the pool, so we find it again
+ * through our pool cleanup instead of claiming the key a second time.
+ */
+
+ngx_http_idempotency_ctx_t *
+ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t          *cln;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx || !r->internal) {
+        return ctx;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_idempotency_cleanup) {
+            ctx = cln->data;
+
+            if (ctx->request == r) {
+                ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+                return ctx;
+            }
+        }
+    }
+
+    return NULL;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_start(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_int_t                    rc;
+    ngx_str_t                    raw, key;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    rc = ngx_http_idempotency_get_key(r, conf, &raw);
+
+    if (rc == NGX_DECLINED && !conf->required) {
+        return NGX_DECLINED;
+    }
+
+    if (rc == NGX_ERROR && raw.data == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx = ngx_http_idempotency_create_ctx(r, conf);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: request without a key rejected");
+        return ngx_http_idempotency_reject(r, ctx,
+                                           NGX_HTTP_IDEMPOTENCY_MISSING,
+                                           NGX_HTTP_IDEMPOTENCY_PROBLEM_MISSING);
+    }
+
+    key.data = ngx_pnalloc(r->pool, raw.len + 1);
+    if (key.data == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (rc == NGX_ERROR
+        || ngx_http_idempotency_parse_key(&raw, &key, conf->key_max_length)
+           != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: invalid key rejected");
+        return ngx_http_idempotency_reject(r, ctx,
+                                           NGX_HTTP_IDEMPOTENCY_INVALID,
+                                           NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID);
+    }
+
+    if (ngx_http_idempotency_record_key(r, ctx, &key) != NGX_OK
+        || ngx_http_idempotency_fingerprint_start(r, ctx) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* a body another module already read was not seen by our filter */
+
+    if (r->request_body
+        && ngx_http_idempotency_fingerprint_update(ctx, r->request_body->bufs)
+           != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the request body was read to a file "
+                      "before the idempotency phase, cannot fingerprint it");
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_READING_BODY;
+
+    rc = ngx_http_read_client_request_body(r,
+                                           ngx_http_idempotency_body_handler);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+        ctx->status = NGX_HTTP_IDEMPOTENCY_INVALID;
+        return rc;
+    }
+
+    ngx_http_finalize_request(r, NGX_DONE);
+
+    return NGX_DONE;
+}
+
+
+/*
+ * NGX_OK: raw holds the value; NGX_DECLINED: no key; NGX_ERROR with
+ * raw.data set: several header lines; with raw.data NULL: internal error.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_get_key(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key)
+{
+    ngx_uint_t        i, n;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    ngx_str_null(key);
+
+    if (conf->key) {
+        if (ngx_http_complex_value(r, conf->key, key) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        return key->len ? NGX_OK : NGX_DECLINED;
+    }
+
+    /* the header itself, so that repeated field lines can be refused */
+
+    n = 0;
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == ngx_http_idempotency_header.len
+            && ngx_strncmp(h[i].lowcase_key, ngx_http_idempotency_header.data,
+                           ngx_http_idempotency_header.len) == 0)
+        {
+            *key = h[i].value;
+            n++;
+        }
+    }
+
+    if (n > 1) {
+        return NGX_ERROR;
+    }
+
+    return n ? NGX_OK : NGX_DECLINED;
+}
+
+
+static ngx_http_idempotency_ctx_t *
+ngx_http_idempotency_create_ctx(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_pool_cleanup_t          *cln;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_idempotency_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+    ctx->conf = conf;
+    ctx->redis = conf->redis;
+    ctx->timeout.handler = ngx_http_idempotency_timeout_handler;
+    ctx->timeout.data = r;
+    ctx->timeout.log = r->connection->log;
+    ctx->poll_delay = NGX_HTTP_IDEMPOTENCY_POLL_MIN;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+
+    return ctx;
+}
+
+
+static void
+ngx_http_idempotency_body_handler(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ngx_http_idempotency_fingerprint_finish(ctx) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
+
+/* one round trip: create the claim, or get the record that is there */
+
+static ngx_int_t
+ngx_http_idempotency_claim(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char                      ttl[NGX_INT_T_LEN];
+    size_t                      argvlen[6];
+    const char                 *argv[6];
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    op->request = r;
+    op->ctx = ctx;
+    op->handler = ngx_http_idempotency_claim_done;
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+    ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+    if (ctx->retried) {
+        argv[0] = "EVAL";
+        argvlen[0] = 4;
+        argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
+        argvlen[1] = ngx_http_idempotency_claim_script.len;
+
+    } else {
+        argv[0] = "EVALSHA";
+        argvlen[0] = 7;
+        argv[1] = (const char *) ngx_http_idempotency_claim_sha;
+        argvlen[1] = 40;
+    }
+
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) ctx->rkey.data;
+    argvlen[3] = ctx->rkey.len;
+    argv[4] = (const char *) ctx->claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[5] = (const char *) ttl;
+    argvlen[5] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+
+    if (ngx_http_idempotency_redis_command(op, 6, argv, argvlen) != NGX_OK) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: redis \"%V\" is not connected",
+                      &ctx->redis->name);
+
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+        return ngx_http_idempotency_act(r, ctx);
+    }
+
+    ctx->op = op;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
+
+    ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    r = op->request;
+
+    if (r == NULL) {
+        /* the request is gone; a claim it won must not block retries */
+
+        if (reply && reply->type == REDIS_REPLY_NIL) {
+            ngx_http_idempotency_release_orphan(op);
+        }
+
+        return;
+    }
+
+    ctx = op->ctx;
+    ctx->op = NULL;
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
+
+    ngx_http_idempotency_wake(r);
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_decide(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+{
+    u_char                         *data;
+    ngx_http_idempotency_record_t  *rec;
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    if (reply == NULL) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: redis \"%V\" connection lost",
+                      &ctx->redis->name);
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    switch (reply->type) {
+
+    case REDIS_REPLY_NIL:
+        return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
+
+    case REDIS_REPLY_STRING:
+        break;
+
+    case REDIS_REPLY_ERROR:
+        if (!ctx->retried && reply->len >= 8
+            && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
+        {
+            /* SCRIPT FLUSH or a failover: send the script itself */
+            ctx->retried = 1;
+            ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\" error: %*s",
+                      &ctx->redis->name, (size_t) reply->len, reply->str);
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+
+    default:
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: unexpected redis reply type %d",
+                      reply->type);
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    /* hiredis frees the reply after this callback: keep a copy */
+
+    data = ngx_pnalloc(r->pool, reply->len);
+    if (data == NULL) {
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    ngx_memcpy(data, reply->str, reply->len);
+
+    rec = &ctx->record;
+
+    if (ngx_http_idempotency_record_decode(data, reply->len, rec) != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: corrupt record in redis \"%V\" "
+                      "at \"%V\" (%uz bytes)",
+                      &ctx->redis->name, &ctx->rkey, (size_t) reply->len);
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    if (ngx_memcmp(rec->fingerprint, ctx->claim + 5,
+                   NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+        != 0)
+    {
+        return NGX_HTTP_IDEMPOTENCY_GO_MISMATCH;
+    }
+
+    switch (rec->state) {
+
+    case NGX_HTTP_IDEMPOTENCY_REC_DONE:
+        return NGX_HTTP_IDEMPOTENCY_GO_REPLAY;
+
+    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
+        return NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_REC_CLAIM */
+        return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
+    }
+}
+
+
+static void
+ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
+{
+    ngx_http_idempotency_ctx_t  ctx;
+
+    /* finish() needs only these fields of a ctx */
+
+    ngx_memzero(&ctx, sizeof(ngx_http_idempotency_ctx_t));
+
+    ctx.redis = op->redis;
+    ctx.rkey.data = op->rkey;
+    ctx.rkey.len = op->rkey_len;
+    ngx_memcpy(ctx.claim, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+    ngx_http_idempotency_finish(&ctx, NULL, 0, 0, op->redis->log);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_act(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_msec_t                        delay;
+    ngx_msec_int_t                    left;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+
+    switch (ctx->go) {
+
+    case NGX_HTTP_IDEMPOTENCY_GO_OWNER:
+        ctx->owner = 1;
+        ctx->status = NGX_HTTP_IDEMPOTENCY_NEW;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+        /* the not_modified filter runs above ours: never store a 304 */
+        r->disable_not_modified = 1;
+
+        return NGX_DECLINED;
+
+    case NGX_HTTP_IDEMPOTENCY_GO_REPLAY:
+        ctx->status = NGX_HTTP_IDEMPOTENCY_REPLAY;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+        return ngx_http_idempotency_send_replay(r, &ctx->record);
+
+    case NGX_HTTP_IDEMPOTENCY_GO_CONFLICT:
+
+        if (conf->wait) {
+            if (ctx->wait_until == 0) {
+                ctx->wait_until = ngx_current_msec + conf->wait;
+            }
+
+            left = (ngx_msec_int_t) (ctx->wait_until - ngx_current_msec);
+
+            if (left > 0) {
+                delay = ngx_min(ctx->poll_delay, (ngx_msec_t) left);
+                ctx->poll_delay = ngx_min(ctx->poll_delay * 2,
+                                          NGX_HTTP_IDEMPOTENCY_POLL_MAX);
+
+                ctx->state = NGX_HTTP_IDEMPOTENCY_ST_POLLING;
+                ngx_http_idempotency_suspend(r, ctx, delay);
+
+                return NGX_AGAIN;
+            }
+        }
+
+        return ngx_http_idempotency_reject(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_CONFLICT,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
+
+    case NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE:
+        return ngx_http_idempotency_reject(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_CONFLICT,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE);
+
+    case NGX_HTTP_IDEMPOTENCY_GO_MISMATCH:
+        return ngx_http_idempotency_reject(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_MISMATCH,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH);
+
+    default: /* NGX_HTTP_IDEMPOTENCY_GO_ERROR */
+
+        if (conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS) {
+            ctx->status = NGX_HTTP_IDEMPOTENCY_ERROR;
+            ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+            return NGX_DECLINED;
+        }
+
+        return ngx_http_idempotency_reject(r, ctx,
+                                    NGX_HTTP_IDEMPOTENCY_ERROR,
+                                    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE);
+    }
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_reject(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem)
+{
+    ctx->status = status;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+    return ngx_http_idempotency_send_problem(r, ctx->conf, problem);
+}
+
+
+/* wait for Redis or for the next poll; a client abort ends the request */
+
+static void
+ngx_http_idempotency_suspend(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer)
+{
+    ngx_add_timer(&ctx->timeout, timer);
+
+    r->read_event_handler = ngx_http_test_reading;
+    r->write_event_handler = ngx_http_request_empty_handler;
+}
+
+
+static void
+ngx_http_idempotency_wake(ngx_http_request_t *r)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    ngx_http_set_log_request(c->log, r);
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    ngx_http_core_run_phases(r);
+    ngx_http_run_posted_requests(c);
+}
+
+
+static void
+ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
+{
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    r = ev->data;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_ST_POLLING) {
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+        ngx_http_idempotency_wake(r);
+        return;
+    }
+
+    /* the reply will still come, or not: it finds no request */
+
+    if (ctx->op) {
+        ctx->op->request = NULL;
+        ctx->op = NULL;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, NGX_ETIMEDOUT,
+                  "idempotency: redis \"%V\" timed out",
+                  &ctx->redis->name);
+
+    ngx_http_idempotency_redis_reset(ctx->redis);
+
+    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    ngx_http_idempotency_wake(r);
+}
+
+
+static void
+ngx_http_idempotency_cleanup(void *data)
+{
+    ngx_http_idempotency_ctx_t *ctx = data;
+
+    ngx_http_request_t   *r;
+    ngx_http_upstream_t  *u;
+
+    r = ctx->request;
+
+    if (ctx->op) {
+        ctx->op->request = NULL;
+        ctx->op = NULL;
+    }
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    if (ctx->md) {
+        EVP_MD_CTX_free(ctx->md);
+        ctx->md = NULL;
+    }
+
+    if (!ctx->owner || ctx->finished) {
+        return;
+    }
+
+    /*
+     * The owner ends without a stored response.  If the client went away
+     * after the upstream got the request, the operation may have run: keep
+     * the claim (409 until idempotency_lock_ttl) rather than risk running
+     * it twice.  Otherwise release it so that a retry executes.
+     */
+
+    u = r->upstream;
+
+    if (r->connection->error && u && u->request_sent) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: client closed the connection after the "
+                      "request was sent upstream, the key stays claimed "
+                      "until idempotency_lock_ttl (see "
+                      "proxy_ignore_client_abort)");
+        ctx->finished = 1;
+        return;
+    }
+
+    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+}

@@ -1,0 +1,309 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The key parser, the record key, the request fingerprint, owner tokens.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+#include <openssl/rand.h>
+
+
+static EVP_MD       *ngx_http_idempotency_sha256;
+static EVP_MD_CTX   *ngx_http_idempotency_md_free;  /* one spare context */
+static uint64_t      ngx_http_idempotency_token_seq;
+static u_char        ngx_http_idempotency_token_seed[8];
+
+
+ngx_int_t
+ngx_http_idempotency_hash_init(ngx_cycle_t *cycle)
+{
+    if (ngx_http_idempotency_sha256 == NULL) {
+        ngx_http_idempotency_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+        if (ngx_http_idempotency_sha256 == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                          "idempotency: EVP_MD_fetch(SHA256) failed");
+            return NGX_ERROR;
+        }
+    }
+
+    /*
+     * tokens are a per-worker random seed plus a counter: unique across
+     * workers and instances without a syscall per request
+     */
+
+    if (RAND_bytes(ngx_http_idempotency_token_seed,
+                   sizeof(ngx_http_idempotency_token_seed))
+        != 1)
+    {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "idempotency: RAND_bytes() failed");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idempotency_hash_done(void)
+{
+    if (ngx_http_idempotency_md_free) {
+        EVP_MD_CTX_free(ngx_http_idempotency_md_free);
+        ngx_http_idempotency_md_free = NULL;
+    }
+
+    if (ngx_http_idempotency_sha256) {
+        EVP_MD_free(ngx_http_idempotency_sha256);
+        ngx_http_idempotency_sha256 = NULL;
+    }
+}
+
+
+void
+ngx_http_idempotency_new_token(u_char *token)
+{
+    uint64_t  seq;
+
+    seq = ++ngx_http_idempotency_token_seq;
+
+    ngx_memcpy(token, ngx_http_idempotency_token_seed, 8);
+    ngx_memcpy(token + 8, &seq, 8);
+}
+
+
+/*
+ * Accepts an RFC 8941 sf-string ("abc", escapes \" and \\) or a bare token
+ * as Stripe's clients send it (visible ASCII without '"' and ',', since a
+ * comma means several field lines were folded into one).  The decoded key
+ * is written to out->data, which must hold in->len bytes.
+ */
+
+ngx_int_t
+ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out, size_t max)
+{
+    u_char  *p, *last, *d, ch;
+
+    p = in->data;
+    last = p + in->len;
+    d = out->data;
+
+    if (p == last) {
+        return NGX_DECLINED;
+    }
+
+    if (*p != '"') {
+        for ( /* void */ ; p < last; p++) {
+            ch = *p;
+
+            if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == ',') {
+                return NGX_ERROR;
+            }
+
+            *d++ = ch;
+        }
+
+        goto done;
+    }
+
+    for (p++; p < last; p++) {
+        ch = *p;
+
+        if (ch == '"') {
+            break;
+        }
+
+        if (ch < 0x20 || ch >= 0x7f) {
+            return NGX_ERROR;
+        }
+
+        if (ch == '\\') {
+            if (++p == last || (*p != '"' && *p != '\\')) {
+                return NGX_ERROR;
+            }
+
+            ch = *p;
+        }
+
+        *d++ = ch;
+    }
+
+    if (p == last || p + 1 != last) {
+        /* unterminated, or something after the closing quote */
+        return NGX_ERROR;
+    }
+
+done:
+
+    out->len = d - out->data;
+
+    if (out->len == 0 || out->len > max) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* <prefix>{hex(SHA-256(scope NUL key))}: client text never reaches Redis */
+
+ngx_int_t
+ngx_http_idempotency_record_key(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key)
+{
+    u_char                           *p;
+    u_char                            hash[EVP_MAX_MD_SIZE];
+    ngx_str_t                         scope;
+    unsigned int                      len;
+    EVP_MD_CTX                       *md;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+
+    ngx_str_null(&scope);
+
+    if (conf->scope
+        && ngx_http_complex_value(r, conf->scope, &scope) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    md = ngx_http_idempotency_md_free;
+    if (md == NULL) {
+        md = EVP_MD_CTX_new();
+        if (md == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idempotency_md_free = md;
+    }
+
+    if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
+        || EVP_DigestUpdate(md, scope.data, scope.len) != 1
+        || EVP_DigestUpdate(md, "", 1) != 1
+        || EVP_DigestUpdate(md, key->data, key->len) != 1
+        || EVP_DigestFinal_ex(md, hash, &len) != 1)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->rkey.len = conf->prefix.len + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+    ctx->rkey.data = ngx_pnalloc(r->pool, ctx->rkey.len);
+    if (ctx->rkey.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_cpymem(ctx->rkey.data, conf->prefix.data, conf->prefix.len);
+    *p++ = '{';
+    p = ngx_hex_dump(p, hash, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    *p = '}';
+
+    return NGX_OK;
+}
+
+
+/* the fingerprint: SHA-256 over method, request URI and the raw body */
+
+ngx_int_t
+ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ctx->md = EVP_MD_CTX_new();
+    if (ctx->md == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (EVP_DigestInit_ex(ctx->md, ngx_http_idempotency_sha256, NULL) != 1
+        || EVP_DigestUpdate(ctx->md, r->method_name.data,
+                            r->method_name.len) != 1
+        || EVP_DigestUpdate(ctx->md, "\n", 1) != 1
+        || EVP_DigestUpdate(ctx->md, r->unparsed_uri.data,
+                            r->unparsed_uri.len) != 1
+        || EVP_DigestUpdate(ctx->md, "\n", 1) != 1)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->hashing = 1;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_fingerprint_update(ngx_http_idempotency_ctx_t *ctx,
+    ngx_chain_t *in)
+{
+    ngx_buf_t  *b;
+
+    for ( /* void */ ; in; in = in->next) {
+        b = in->buf;
+
+        if (ngx_buf_special(b)) {
+            continue;
+        }
+
+        if (!ngx_buf_in_memory(b)) {
+            /* a body we did not see arrive: refuse rather than guess */
+            return NGX_ERROR;
+        }
+
+        if (EVP_DigestUpdate(ctx->md, b->pos, b->last - b->pos) != 1) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_fingerprint_finish(ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char        *p;
+    unsigned int   len;
+
+    /* the claim record: magic | state | fingerprint | token */
+
+    p = ngx_cpymem(ctx->claim, NGX_HTTP_IDEMPOTENCY_MAGIC, 4);
+    *p++ = NGX_HTTP_IDEMPOTENCY_REC_CLAIM;
+
+    if (EVP_DigestFinal_ex(ctx->md, p, &len) != 1) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_idempotency_new_token(p + NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+
+    EVP_MD_CTX_free(ctx->md);
+    ctx->md = NULL;
+    ctx->hashing = 0;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Sees every body byte as nginx reads it, before the save filter may spill
+ * it to a temp file, so the fingerprint never needs a disk read.
+ */
+
+ngx_int_t
+ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx && ctx->hashing
+        && ngx_http_idempotency_fingerprint_update(ctx, in) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot fingerprint the request body");
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_idempotency_next_request_body(r, in);
+}

@@ -1,0 +1,914 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * Directives, configuration, and the module's wiring into nginx.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+static ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
+    void *parent, void *child);
+static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static ngx_http_idempotency_redis_t *ngx_http_idempotency_add_server(
+    ngx_conf_t *cf, ngx_str_t *addr, ngx_uint_t db, ngx_str_t *user,
+    ngx_str_t *password);
+static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
+static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
+static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
+
+
+ngx_http_output_header_filter_pt  ngx_http_idempotency_next_header;
+ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
+ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
+
+
+static ngx_conf_bitmask_t  ngx_http_idempotency_methods_mask[] = {
+    { ngx_string("GET"), NGX_HTTP_GET },
+    { ngx_string("HEAD"), NGX_HTTP_HEAD },
+    { ngx_string("POST"), NGX_HTTP_POST },
+    { ngx_string("PUT"), NGX_HTTP_PUT },
+    { ngx_string("DELETE"), NGX_HTTP_DELETE },
+    { ngx_string("PATCH"), NGX_HTTP_PATCH },
+    { ngx_string("OPTIONS"), NGX_HTTP_OPTIONS },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_enum_t  ngx_http_idempotency_on_error[] = {
+    { ngx_string("reject"), NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT },
+    { ngx_string("pass"), NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_idempotency_key_length_bounds = {
+    ngx_conf_check_num_bounds, 1, 1024
+};
+
+
+static ngx_command_t  ngx_http_idempotency_commands[] = {
+
+    { ngx_string("idempotency"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, enable),
+      NULL },
+
+    { ngx_string("idempotency_redis"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_idempotency_redis,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_redis_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, redis_timeout),
+      NULL },
+
+    { ngx_string("idempotency_redis_prefix"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_prefix,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, prefix),
+      NULL },
+
+    { ngx_string("idempotency_key"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, key),
+      NULL },
+
+    { ngx_string("idempotency_key_max_length"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, key_max_length),
+      &ngx_http_idempotency_key_length_bounds },
+
+    { ngx_string("idempotency_scope"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, scope),
+      NULL },
+
+    { ngx_string("idempotency_methods"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_conf_set_bitmask_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, methods),
+      &ngx_http_idempotency_methods_mask },
+
+    { ngx_string("idempotency_required"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, required),
+      NULL },
+
+    { ngx_string("idempotency_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, ttl),
+      NULL },
+
+    { ngx_string("idempotency_lock_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, lock_ttl),
+      NULL },
+
+    { ngx_string("idempotency_wait"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, wait),
+      NULL },
+
+    { ngx_string("idempotency_store_status"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_idempotency_store_status,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_store_max_size"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, store_max_size),
+      NULL },
+
+    { ngx_string("idempotency_hide_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_header_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, hide_headers),
+      NULL },
+
+    { ngx_string("idempotency_pass_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_header_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, pass_headers),
+      NULL },
+
+    { ngx_string("idempotency_on_redis_error"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
+      &ngx_http_idempotency_on_error },
+
+    { ngx_string("idempotency_problem_base_uri"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, problem_base_uri),
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_idempotency_module_ctx = {
+    ngx_http_idempotency_add_variables,    /* preconfiguration */
+    ngx_http_idempotency_init,             /* postconfiguration */
+
+    ngx_http_idempotency_create_main_conf, /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_idempotency_create_loc_conf,  /* create location configuration */
+    ngx_http_idempotency_merge_loc_conf    /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_idempotency_module = {
+    NGX_MODULE_V1,
+    &ngx_http_idempotency_module_ctx,      /* module context */
+    ngx_http_idempotency_commands,         /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_http_idempotency_init_process,     /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_idempotency_exit_process,     /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+static ngx_str_t  ngx_http_idempotency_status_names[] = {
+    ngx_string("bypass"),
+    ngx_string("new"),
+    ngx_string("replay"),
+    ngx_string("conflict"),
+    ngx_string("mismatch"),
+    ngx_string("invalid"),
+    ngx_string("missing"),
+    ngx_string("error")
+};
+
+
+static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
+
+
+static ngx_int_t
+ngx_http_idempotency_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var;
+
+    static ngx_str_t  name = ngx_string("idempotency_status");
+
+    var = ngx_http_add_variable(cf, &name, NGX_HTTP_VAR_NOCACHEABLE);
+    if (var == NULL) {
+        return NGX_ERROR;
+    }
+
+    var->get_handler = ngx_http_idempotency_status_variable;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_uint_t                   status;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    status = ctx ? ctx->status : NGX_HTTP_IDEMPOTENCY_BYPASS;
+
+    v->len = ngx_http_idempotency_status_names[status].len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = ngx_http_idempotency_status_names[status].data;
+
+    return NGX_OK;
+}
+
+
+static void *
+ngx_http_idempotency_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    imcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_main_conf_t));
+    if (imcf == NULL) {
+        return NULL;
+    }
+
+    if (ngx_array_init(&imcf->servers, cf->pool, 2,
+                       sizeof(ngx_http_idempotency_redis_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    return imcf;
+}
+
+
+static void *
+ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->redis = NULL;
+     *     conf->prefix = { 0, NULL };
+     *     conf->key = NULL;
+     *     conf->scope = NULL;
+     *     conf->methods = 0;
+     *     conf->problem_base_uri = { 0, NULL };
+     */
+
+    conf->enable = NGX_CONF_UNSET;
+    conf->redis_timeout = NGX_CONF_UNSET_MSEC;
+    conf->key = NGX_CONF_UNSET_PTR;
+    conf->key_max_length = NGX_CONF_UNSET_SIZE;
+    conf->scope = NGX_CONF_UNSET_PTR;
+    conf->required = NGX_CONF_UNSET;
+    conf->ttl = NGX_CONF_UNSET_MSEC;
+    conf->lock_ttl = NGX_CONF_UNSET_MSEC;
+    conf->wait = NGX_CONF_UNSET_MSEC;
+    conf->store_status = NGX_CONF_UNSET_PTR;
+    conf->store_max_size = NGX_CONF_UNSET_SIZE;
+    conf->hide_headers = NGX_CONF_UNSET_PTR;
+    conf->pass_headers = NGX_CONF_UNSET_PTR;
+    conf->on_redis_error = NGX_CONF_UNSET_UINT;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child)
+{
+    ngx_http_idempotency_loc_conf_t *prev = parent;
+    ngx_http_idempotency_loc_conf_t *conf = child;
+
+    ngx_str_t                          addr;
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    ngx_conf_merge_value(conf->enable, prev->enable, 0);
+    ngx_conf_merge_msec_value(conf->redis_timeout, prev->redis_timeout,
+                              1000);
+    ngx_conf_merge_str_value(conf->prefix, prev->prefix, "idem:");
+    ngx_conf_merge_ptr_value(conf->key, prev->key, NULL);
+    ngx_conf_merge_size_value(conf->key_max_length, prev->key_max_length,
+                              255);
+    ngx_conf_merge_ptr_value(conf->scope, prev->scope, NULL);
+    ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
+                                 (NGX_CONF_BITMASK_SET
+                                  |NGX_HTTP_POST|NGX_HTTP_PATCH));
+    ngx_conf_merge_value(conf->required, prev->required, 0);
+    ngx_conf_merge_msec_value(conf->ttl, prev->ttl, 86400000);
+    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 60000);
+    ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
+    ngx_conf_merge_ptr_value(conf->store_status, prev->store_status, NULL);
+    ngx_conf_merge_size_value(conf->store_max_size, prev->store_max_size,
+                              1024 * 1024);
+    ngx_conf_merge_ptr_value(conf->hide_headers, prev->hide_headers, NULL);
+    ngx_conf_merge_ptr_value(conf->pass_headers, prev->pass_headers, NULL);
+    ngx_conf_merge_uint_value(conf->on_redis_error, prev->on_redis_error,
+                              NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT);
+    ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
+                             "");
+
+    if (conf->redis_timeout == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_timeout\" must not be 0");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->ttl < 1000 || conf->lock_ttl < 1000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_ttl\" and \"idempotency_lock_ttl\" "
+                           "must be at least 1s");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->redis == NULL) {
+        conf->redis = prev->redis;
+    }
+
+    if (conf->redis == NULL) {
+        imcf = ngx_http_conf_get_module_main_conf(cf,
+                                                  ngx_http_idempotency_module);
+
+        if (imcf->default_server == NULL) {
+            ngx_str_set(&addr, "127.0.0.1:6379");
+            imcf->default_server = ngx_http_idempotency_add_server(cf, &addr,
+                                                            0, NULL, NULL);
+            if (imcf->default_server == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->redis = imcf->default_server;
+        prev->redis = imcf->default_server;
+    }
+
+    if (conf->enable) {
+        conf->redis->used = 1;
+
+        if (conf->redis->timeout == 0
+            || conf->redis_timeout < conf->redis->timeout)
+        {
+            conf->redis->timeout = conf->redis_timeout;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value, user, password;
+    ngx_int_t    n;
+    ngx_uint_t   i, db;
+
+    if (ilcf->redis) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    db = 0;
+    ngx_str_null(&user);
+    ngx_str_null(&password);
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "db=", 3) == 0) {
+            n = ngx_atoi(value[i].data + 3, value[i].len - 3);
+            if (n == NGX_ERROR || n > 65535) {
+                goto invalid;
+            }
+
+            db = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "user=", 5) == 0
+            && value[i].len > 5)
+        {
+            user.data = value[i].data + 5;
+            user.len = value[i].len - 5;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "password=", 9) == 0
+            && value[i].len > 9)
+        {
+            password.data = value[i].data + 9;
+            password.len = value[i].len - 9;
+            continue;
+        }
+
+        goto invalid;
+    }
+
+    if (user.len && password.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"user=\" requires \"password=\"");
+        return NGX_CONF_ERROR;
+    }
+
+    ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,
+                                                  &password);
+    if (ilcf->redis == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid parameter \"%V\"", &value[i]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* servers with the same address and credentials share one connection */
+
+static ngx_http_idempotency_redis_t *
+ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password)
+{
+    u_char                             *p;
+    ngx_url_t                           u;
+    ngx_str_t                           empty = ngx_null_string;
+    ngx_uint_t                          i;
+    ngx_http_idempotency_redis_t       *redis, **rp;
+    ngx_http_idempotency_main_conf_t   *imcf;
+
+    if (user == NULL) {
+        user = &empty;
+        password = &empty;
+    }
+
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    rp = imcf->servers.elts;
+    for (i = 0; i < imcf->servers.nelts; i++) {
+        redis = rp[i];
+
+        if (redis->name.len == addr->len
+            && ngx_strncmp(redis->name.data, addr->data, addr->len) == 0
+            && redis->db == db
+            && redis->user.len == user->len
+            && ngx_strncmp(redis->user.data, user->data, user->len) == 0
+            && redis->password.len == password->len
+            && ngx_strncmp(redis->password.data, password->data,
+                           password->len) == 0)
+        {
+            return redis;
+        }
+    }
+
+    redis = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_redis_t));
+    if (redis == NULL) {
+        return NULL;
+    }
+
+    redis->name = *addr;
+    redis->db = db;
+    redis->user = *user;
+    redis->password = *password;
+
+    if (addr->len > 5 && ngx_strncasecmp(addr->data, (u_char *) "unix:", 5)
+                         == 0)
+    {
+        redis->path = ngx_pnalloc(cf->pool, addr->len - 4);
+        if (redis->path == NULL) {
+            return NULL;
+        }
+
+        p = ngx_cpymem(redis->path, addr->data + 5, addr->len - 5);
+        *p = '\0';
+
+    } else {
+        /* resolve names now: hiredis 0.14 would block a worker on DNS */
+
+        ngx_memzero(&u, sizeof(ngx_url_t));
+
+        u.url = *addr;
+        u.default_port = 6379;
+
+        if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid redis address \"%V\"%s%s", addr,
+                               u.err ? ": " : "", u.err ? u.err : "");
+            return NULL;
+        }
+
+        redis->host = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
+        if (redis->host == NULL) {
+            return NULL;
+        }
+
+        p = redis->host + ngx_sock_ntop(u.addrs[0].sockaddr,
+                                        u.addrs[0].socklen, redis->host,
+                                        NGX_SOCKADDR_STRLEN, 0);
+        *p = '\0';
+
+        /* hiredis wants a bare IPv6 address */
+        if (redis->host[0] == '[') {
+            redis->host++;
+            *(p - 1) = '\0';
+        }
+
+        redis->port = u.port;
+    }
+
+    rp = ngx_array_push(&imcf->servers);
+    if (rp == NULL) {
+        return NULL;
+    }
+
+    *rp = redis;
+
+    return redis;
+}
+
+
+static char *
+ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t  *value, *prefix;
+    u_char     *p;
+
+    prefix = (ngx_str_t *) ((char *) conf + cmd->offset);
+
+    if (prefix->data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len > NGX_HTTP_IDEMPOTENCY_PREFIX_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "prefix \"%V\" is longer than %d bytes",
+                           &value[1], NGX_HTTP_IDEMPOTENCY_PREFIX_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    for (p = value[1].data; p < value[1].data + value[1].len; p++) {
+        if (*p <= ' ' || *p >= 0x7f || *p == '{' || *p == '}') {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "prefix \"%V\" must be printable ASCII "
+                               "without spaces or braces", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    *prefix = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value;
+    ngx_int_t    n;
+    ngx_uint_t   i, *code;
+
+    if (ilcf->store_status != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    ilcf->store_status = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                          sizeof(ngx_uint_t));
+    if (ilcf->store_status == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        /* a class "2xx" is stored as 2, a code as itself */
+
+        if (value[i].len == 3
+            && value[i].data[0] >= '1' && value[i].data[0] <= '5'
+            && (value[i].data[1] | 0x20) == 'x'
+            && (value[i].data[2] | 0x20) == 'x')
+        {
+            n = value[i].data[0] - '0';
+
+        } else {
+            n = ngx_atoi(value[i].data, value[i].len);
+            if (n < 100 || n > 599) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid status \"%V\": expected a code "
+                                   "from 100 to 599 or a class such as 2xx",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        code = ngx_array_push(ilcf->store_status);
+        if (code == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *code = n;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_str_t     *value, *name;
+    ngx_array_t  **a;
+
+    a = (ngx_array_t **) ((char *) conf + cmd->offset);
+
+    if (*a == NGX_CONF_UNSET_PTR) {
+        *a = ngx_array_create(cf->pool, 2, sizeof(ngx_str_t));
+        if (*a == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    value = cf->args->elts;
+
+    name = ngx_array_push(*a);
+    if (name == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    name->len = value[1].len;
+    name->data = ngx_pnalloc(cf->pool, name->len);
+    if (name->data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_strlow(name->data, value[1].data, name->len);
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Whether a header is kept in the stored record: Set-Cookie and every
+ * idempotency_hide_header are not, unless idempotency_pass_header names them.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
+{
+    ngx_http_idempotency_loc_conf_t *conf = data;
+
+    ngx_str_t   *h;
+    ngx_uint_t   i;
+
+    if (conf->pass_headers) {
+        h = conf->pass_headers->elts;
+        for (i = 0; i < conf->pass_headers->nelts; i++) {
+            if (h[i].len == lowcase->len
+                && ngx_strncmp(h[i].data, lowcase->data, lowcase->len) == 0)
+            {
+                return 1;
+            }
+        }
+    }
+
+    if (lowcase->len == ngx_http_idempotency_default_hide.len
+        && ngx_strncmp(lowcase->data, ngx_http_idempotency_default_hide.data,
+                       lowcase->len) == 0)
+    {
+        return 0;
+    }
+
+    if (conf->hide_headers) {
+        h = conf->hide_headers->elts;
+        for (i = 0; i < conf->hide_headers->nelts; i++) {
+            if (h[i].len == lowcase->len
+                && ngx_strncmp(h[i].data, lowcase->data, lowcase->len) == 0)
+            {
+                return 0;
+            }
+        }
+    }
+
+    return 1;
+}
+
+
+/*
+ * Default policy: 2xx 3xx 4xx except 408, 425, 429; those, and every 5xx,
+ * are stored only when listed explicitly.  206 and 304 depend on the
+ * client's request headers and are never stored.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
+    ngx_uint_t status)
+{
+    ngx_uint_t   i, *codes, cls;
+
+    if (status == NGX_HTTP_PARTIAL_CONTENT
+        || status == NGX_HTTP_NOT_MODIFIED
+        || status < 200 || status > 599)
+    {
+        return 0;
+    }
+
+    cls = status / 100;
+
+    if (conf->store_status == NULL) {
+        if (status == 408 || status == 425 || status == 429) {
+            return 0;
+        }
+
+        return cls >= 2 && cls <= 4;
+    }
+
+    codes = conf->store_status->elts;
+
+    for (i = 0; i < conf->store_status->nelts; i++) {
+        if (codes[i] == status) {
+            return 1;
+        }
+    }
+
+    if (status == 408 || status == 425 || status == 429) {
+        return 0;
+    }
+
+    for (i = 0; i < conf->store_status->nelts; i++) {
+        if (codes[i] == cls) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_init(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    /*
+     * precontent runs after every access check (allow/deny, auth_basic,
+     * auth_request, satisfy), so refused requests never touch Redis
+     */
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_idempotency_handler;
+
+    ngx_http_idempotency_next_header = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_idempotency_header_filter;
+
+    ngx_http_idempotency_next_body = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_idempotency_body_filter;
+
+    ngx_http_idempotency_next_request_body = ngx_http_top_request_body_filter;
+    ngx_http_top_request_body_filter = ngx_http_idempotency_request_body_filter;
+
+    if (ngx_http_idempotency_script_init() != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                          i;
+    ngx_http_idempotency_redis_t      **rp;
+    ngx_http_idempotency_main_conf_t   *imcf;
+
+    imcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_idempotency_module);
+    if (imcf == NULL) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_idempotency_hash_init(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    rp = imcf->servers.elts;
+    for (i = 0; i < imcf->servers.nelts; i++) {
+        if (rp[i]->used
+            && ngx_http_idempotency_redis_init(cycle, rp[i]) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                          i;
+    ngx_http_idempotency_redis_t      **rp;
+    ngx_http_idempotency_main_conf_t   *imcf;
+
+    imcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_idempotency_module);
+    if (imcf == NULL) {
+        return;
+    }
+
+    rp = imcf->servers.elts;
+    for (i = 0; i < imcf->servers.nelts; i++) {
+        if (rp[i]->used) {
+            ngx_http_idempotency_redis_exit(rp[i]);
+        }
+    }
+
+    ngx_http_idempotency_ops_done();
+    ngx_http_idempotency_hash_done();
+}

@@ -1,0 +1,305 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ */
+
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <openssl/evp.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+
+#define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
+#define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
+#define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
+
+/* prefix + "{" + 64 hex digits + "}" */
+#define NGX_HTTP_IDEMPOTENCY_RKEY_MAX                                         \
+    (NGX_HTTP_IDEMPOTENCY_PREFIX_MAX + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+
+/* "IDM1" | state | fingerprint | token: the claim, and every record's head */
+#define NGX_HTTP_IDEMPOTENCY_MAGIC          "IDM1"
+#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
+    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + NGX_HTTP_IDEMPOTENCY_TOKEN_LEN)
+
+#define NGX_HTTP_IDEMPOTENCY_REC_CLAIM      1
+#define NGX_HTTP_IDEMPOTENCY_REC_DONE       2
+#define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
+
+
+/* $idempotency_status values */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_BYPASS = 0,
+    NGX_HTTP_IDEMPOTENCY_NEW,
+    NGX_HTTP_IDEMPOTENCY_REPLAY,
+    NGX_HTTP_IDEMPOTENCY_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_INVALID,
+    NGX_HTTP_IDEMPOTENCY_MISSING,
+    NGX_HTTP_IDEMPOTENCY_ERROR
+} ngx_http_idempotency_status_e;
+
+
+/* request state machine, see docs/design.md */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_ST_INIT = 0,
+    NGX_HTTP_IDEMPOTENCY_ST_READING_BODY,
+    NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE,
+    NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS,
+    NGX_HTTP_IDEMPOTENCY_ST_POLLING,
+    NGX_HTTP_IDEMPOTENCY_ST_DECIDED,
+    NGX_HTTP_IDEMPOTENCY_ST_DONE
+} ngx_http_idempotency_state_e;
+
+
+/* what the claim round trip decided */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_GO_OWNER = 0,
+    NGX_HTTP_IDEMPOTENCY_GO_REPLAY,
+    NGX_HTTP_IDEMPOTENCY_GO_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
+    NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_GO_ERROR
+} ngx_http_idempotency_go_e;
+
+
+#define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
+#define NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS    1
+
+
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_MISSING = 0,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_BODY
+} ngx_http_idempotency_problem_e;
+
+
+typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
+typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
+
+
+/* one Redis target; the runtime part is per worker (after fork) */
+typedef struct {
+    ngx_str_t                        name;       /* for logs */
+    u_char                          *host;       /* numeric, NUL-terminated */
+    u_char                          *path;       /* unix socket or NULL */
+    ngx_int_t                        port;
+    ngx_uint_t                       db;
+    ngx_str_t                        user;
+    ngx_str_t                        password;
+    ngx_msec_t                       timeout;    /* connect, watchdog */
+    ngx_uint_t                       used;       /* unsigned  used:1; */
+
+    redisAsyncContext               *ac;
+    ngx_connection_t                *conn;
+    ngx_event_t                      connect_ev;
+    ngx_event_t                      reconnect_ev;
+    ngx_event_t                      reset_ev;
+    ngx_event_t                      watchdog_ev;
+    ngx_msec_t                       backoff;
+    ngx_uint_t                       pending;
+    ngx_log_t                       *log;
+
+    unsigned                         connected:1;
+    unsigned                         handshake_failed:1;
+    unsigned                         failed:1;   /* failure logged */
+    unsigned                         exiting:1;
+} ngx_http_idempotency_redis_t;
+
+
+typedef struct {
+    ngx_array_t                      servers;    /* redis_t * */
+    ngx_http_idempotency_redis_t    *default_server;
+} ngx_http_idempotency_main_conf_t;
+
+
+typedef struct {
+    ngx_flag_t                       enable;
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_msec_t                       redis_timeout;
+    ngx_str_t                        prefix;
+    ngx_http_complex_value_t        *key;        /* NULL: the header */
+    size_t                           key_max_length;
+    ngx_http_complex_value_t        *scope;
+    ngx_uint_t                       methods;
+    ngx_flag_t                       required;
+    ngx_msec_t                       ttl;
+    ngx_msec_t                       lock_ttl;
+    ngx_msec_t                       wait;
+    ngx_array_t                     *store_status;   /* ngx_uint_t */
+    size_t                           store_max_size;
+    ngx_array_t                     *hide_headers;   /* ngx_str_t */
+    ngx_array_t                     *pass_headers;   /* ngx_str_t */
+    ngx_uint_t                       on_redis_error;
+    ngx_str_t                        problem_base_uri;
+} ngx_http_idempotency_loc_conf_t;
+
+
+/* a decoded record; pointers refer to a copy in r->pool */
+typedef struct {
+    ngx_uint_t                       state;
+    u_char                          *fingerprint;
+    u_char                          *token;
+    ngx_uint_t                       status;
+    ngx_uint_t                       nheaders;
+    u_char                          *headers;
+    u_char                          *headers_end;
+    u_char                          *body;
+    size_t                           body_len;
+} ngx_http_idempotency_record_t;
+
+
+/* the captured response of the owner */
+typedef struct {
+    u_char                          *start;      /* the record being built */
+    u_char                          *last;
+    u_char                          *end;
+    ngx_chain_t                     *chunks;     /* body of unknown length */
+    ngx_chain_t                    **chunks_last;
+    ngx_buf_t                       *tail;
+    size_t                           body_len;
+    off_t                            expected;   /* Content-Length or -1 */
+} ngx_http_idempotency_capture_t;
+
+
+struct ngx_http_idempotency_ctx_s {
+    ngx_http_request_t              *request;
+    ngx_http_idempotency_loc_conf_t *conf;
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_op_t       *op;
+
+    ngx_uint_t                       state;
+    ngx_uint_t                       go;
+    ngx_uint_t                       status;     /* $idempotency_status */
+
+    EVP_MD_CTX                      *md;
+    ngx_str_t                        rkey;
+    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    ngx_event_t                      timeout;
+    ngx_msec_t                       wait_until;
+    ngx_msec_t                       poll_delay;
+
+    ngx_http_idempotency_record_t    record;
+    ngx_http_idempotency_capture_t   capture;
+
+    unsigned                         owner:1;
+    unsigned                         hashing:1;
+    unsigned                         capturing:1;
+    unsigned                         finished:1;
+    unsigned                         retried:1;
+    unsigned                         header_seen:1;
+};
+
+
+typedef void (*ngx_http_idempotency_reply_pt)(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+
+
+/* hiredis privdata: lives outside r->pool so late replies are harmless */
+struct ngx_http_idempotency_op_s {
+    ngx_http_idempotency_op_t       *next;       /* free list */
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_request_t              *request;    /* NULL once detached */
+    ngx_http_idempotency_ctx_t      *ctx;
+    ngx_http_idempotency_reply_pt    handler;
+    size_t                           rkey_len;
+    unsigned                         handshake:1;
+    unsigned                         store:1;
+    u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
+    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+};
+
+
+extern ngx_module_t  ngx_http_idempotency_module;
+
+extern ngx_http_output_header_filter_pt  ngx_http_idempotency_next_header;
+extern ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
+extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
+
+
+/* module.c */
+ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
+ngx_uint_t ngx_http_idempotency_store_status_ok(
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status);
+
+/* handler.c */
+ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
+ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
+    ngx_http_request_t *r);
+
+/* reply.c */
+ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem);
+ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
+    ngx_http_idempotency_record_t *rec);
+
+/* hash.c */
+ngx_int_t ngx_http_idempotency_hash_init(ngx_cycle_t *cycle);
+void ngx_http_idempotency_hash_done(void);
+ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,
+    size_t max);
+ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_fingerprint_update(
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
+ngx_int_t ngx_http_idempotency_fingerprint_finish(
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_new_token(u_char *token);
+ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+
+/* record.c */
+ngx_int_t ngx_http_idempotency_record_decode(u_char *data, size_t len,
+    ngx_http_idempotency_record_t *rec);
+ngx_int_t ngx_http_idempotency_record_header(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
+    u_char *head);
+void ngx_http_idempotency_record_set_body_len(
+    ngx_http_idempotency_capture_t *cap, u_char *body);
+u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
+    ngx_str_t *value);
+void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
+    ngx_uint_t status);
+
+/* filter.c */
+ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
+    u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
+
+/* redis.c */
+ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis);
+ngx_http_idempotency_op_t *ngx_http_idempotency_op_alloc(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
+ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_ops_done(void);
+
+/* script.c: the Lua that makes claim and finish atomic */
+extern ngx_str_t  ngx_http_idempotency_claim_script;
+extern ngx_str_t  ngx_http_idempotency_finish_script;
+extern u_char     ngx_http_idempotency_claim_sha[41];
+ngx_int_t ngx_http_idempotency_script_init(void);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_ */

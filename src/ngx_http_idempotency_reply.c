@@ -1,0 +1,292 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * Answers nginx gives itself: RFC 9457 problems and stored replays.  They
+ * are sent directly, not through error_page, so they are deterministic.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+typedef struct {
+    ngx_uint_t   status;
+    ngx_str_t    name;
+    ngx_str_t    title;
+    ngx_str_t    detail;
+} ngx_http_idempotency_problem_t;
+
+
+static ngx_int_t ngx_http_idempotency_send(ngx_http_request_t *r,
+    u_char *data, size_t len);
+static ngx_int_t ngx_http_idempotency_add_header(ngx_http_request_t *r,
+    ngx_str_t *name, ngx_str_t *value, ngx_table_elt_t **hp);
+
+
+static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("missing-key"),
+      ngx_string("Idempotency-Key is missing"),
+      ngx_string("This operation requires an Idempotency-Key header.") },
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("invalid-key"),
+      ngx_string("Idempotency-Key is invalid"),
+      ngx_string("Send one Idempotency-Key header: a quoted string or a "
+                 "token of printable ASCII characters, not too long.") },
+
+    { NGX_HTTP_CONFLICT,
+      ngx_string("request-in-progress"),
+      ngx_string("A request is outstanding for this Idempotency-Key"),
+      ngx_string("The first request with this key is still being "
+                 "processed. Retry later with the same key.") },
+
+    { NGX_HTTP_CONFLICT,
+      ngx_string("response-not-replayable"),
+      ngx_string("The response for this Idempotency-Key cannot be replayed"),
+      ngx_string("The request with this key was executed, but its response "
+                 "was too large to store, so it cannot be sent again.") },
+
+    { 422,
+      ngx_string("key-reused"),
+      ngx_string("Idempotency-Key is already used"),
+      ngx_string("This key was used for a different request (method, URI "
+                 "or body). Use a new key for a new request.") },
+
+    { NGX_HTTP_SERVICE_UNAVAILABLE,
+      ngx_string("store-unavailable"),
+      ngx_string("The idempotency store is unavailable"),
+      ngx_string("The request was not executed. Retry later with the same "
+                 "key.") }
+};
+
+
+static ngx_str_t  ngx_http_idempotency_problem_type =
+    ngx_string("application/problem+json");
+
+
+ngx_int_t
+ngx_http_idempotency_send_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem)
+{
+    u_char                          *body, *p;
+    size_t                           len;
+    uintptr_t                        escape;
+    ngx_str_t                        name, value;
+    ngx_http_idempotency_problem_t  *pr;
+
+    static ngx_str_t  retry_after = ngx_string("Retry-After");
+    static ngx_str_t  one = ngx_string("1");
+    static ngx_str_t  cache_control = ngx_string("Cache-Control");
+    static ngx_str_t  no_store = ngx_string("no-store");
+
+    pr = &ngx_http_idempotency_problems[problem];
+
+    if (ngx_http_discard_request_body(r) != NGX_OK) {
+        r->keepalive = 0;
+    }
+
+    escape = ngx_escape_json(NULL, conf->problem_base_uri.data,
+                             conf->problem_base_uri.len);
+
+    len = sizeof("{\"type\":\"\",\"title\":\"\",\"status\":,"
+                 "\"detail\":\"\",\"code\":\"\"}\n") - 1
+          + sizeof("about:blank") - 1
+          + conf->problem_base_uri.len + escape + 1 + pr->name.len
+          + pr->title.len + 3 + pr->detail.len + pr->name.len;
+
+    body = ngx_pnalloc(r->pool, len);
+    if (body == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    p = ngx_cpymem(body, "{\"type\":\"", sizeof("{\"type\":\"") - 1);
+
+    if (conf->problem_base_uri.len) {
+        p = (u_char *) ngx_escape_json(p, conf->problem_base_uri.data,
+                                       conf->problem_base_uri.len);
+        *p++ = '#';
+        p = ngx_cpymem(p, pr->name.data, pr->name.len);
+
+    } else {
+        p = ngx_cpymem(p, "about:blank", sizeof("about:blank") - 1);
+    }
+
+    p = ngx_sprintf(p, "\",\"title\":\"%V\",\"status\":%ui,"
+                    "\"detail\":\"%V\",\"code\":\"%V\"}\n",
+                    &pr->title, pr->status, &pr->detail, &pr->name);
+
+    r->headers_out.status = pr->status;
+
+    if (pr->status == 422) {
+        /* nginx 1.22 has no reason phrase for 422 */
+        ngx_str_set(&r->headers_out.status_line, "422 Unprocessable Content");
+    }
+    r->headers_out.content_type = ngx_http_idempotency_problem_type;
+    r->headers_out.content_type_len = ngx_http_idempotency_problem_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+    r->headers_out.content_length_n = p - body;
+
+    if (pr->status == NGX_HTTP_CONFLICT
+        || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    {
+        name = retry_after;
+        value = one;
+
+        if (ngx_http_idempotency_add_header(r, &name, &value, NULL)
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    name = cache_control;
+    value = no_store;
+
+    if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_idempotency_send(r, body, p - body);
+}
+
+
+ngx_int_t
+ngx_http_idempotency_send_replay(ngx_http_request_t *r,
+    ngx_http_idempotency_record_t *rec)
+{
+    u_char           *p;
+    ngx_str_t         name, value;
+    ngx_uint_t        i;
+    ngx_table_elt_t  *h;
+
+    static ngx_str_t  replayed = ngx_string("Idempotent-Replayed");
+    static ngx_str_t  yes = ngx_string("true");
+
+    r->headers_out.status = rec->status;
+    r->headers_out.content_length_n = rec->body_len;
+
+    /* what the owner's response got from nginx, the replay gets too */
+    r->disable_not_modified = 1;
+
+    p = rec->headers;
+
+    for (i = 0; i < rec->nheaders; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        if (name.len == sizeof("Content-Type") - 1
+            && ngx_strncasecmp(name.data, (u_char *) "Content-Type",
+                               name.len) == 0)
+        {
+            r->headers_out.content_type = value;
+            r->headers_out.content_type_len = value.len;
+            r->headers_out.content_type_lowcase = NULL;
+            continue;
+        }
+
+        if (name.len == sizeof(":status-line") - 1
+            && ngx_strncmp(name.data, ":status-line", name.len) == 0)
+        {
+            r->headers_out.status_line = value;
+            continue;
+        }
+
+        if (ngx_http_idempotency_add_header(r, &name, &value, &h) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        if (name.len == sizeof("Content-Encoding") - 1
+            && ngx_strncasecmp(name.data, (u_char *) "Content-Encoding",
+                               name.len) == 0)
+        {
+            r->headers_out.content_encoding = h;
+
+        } else if (name.len == sizeof("Location") - 1
+                   && ngx_strncasecmp(name.data, (u_char *) "Location",
+                                      name.len) == 0)
+        {
+            r->headers_out.location = h;
+        }
+    }
+
+    name = replayed;
+    value = yes;
+
+    if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_idempotency_send(r, rec->body, rec->body_len);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_add_header(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_str_t *value, ngx_table_elt_t **hp)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key = *name;
+    h->value = *value;
+    h->lowcase_key = NULL;
+
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+    if (hp) {
+        *hp = h;
+    }
+
+    return NGX_OK;
+}
+
+
+/* sends header and body, then finalizes: the phase handler is done */
+
+static ngx_int_t
+ngx_http_idempotency_send(ngx_http_request_t *r, u_char *data, size_t len)
+{
+    ngx_int_t     rc;
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        ngx_http_finalize_request(r, rc);
+        return NGX_DONE;
+    }
+
+    if (len == 0) {
+        ngx_http_finalize_request(r, ngx_http_send_special(r, NGX_HTTP_LAST));
+        return NGX_DONE;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return NGX_DONE;
+    }
+
+    b->pos = data;
+    b->last = data + len;
+    b->memory = 1;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    ngx_http_finalize_request(r, ngx_http_output_filter(r, &out));
+
+    return NGX_DONE;
+}

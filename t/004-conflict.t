@@ -1,0 +1,151 @@
+# Concurrency (SPEC §2.6-7): in-flight duplicates get 409, or wait for the
+# original with idempotency_wait; an expired lock can be taken over.
+use Test::Nginx::Socket 'no_plan';
+
+repeat_each(1);
+no_shuffle();
+no_long_string();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
+
+add_block_preprocessor(sub {
+    my $block = shift;
+
+    my $hc = $block->http_config // '';
+
+    $block->set_value("http_config",
+        ($hc =~ /idempotency_redis / ? ''
+            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
+        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
+
+    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
+        unless defined $block->no_error_log || defined $block->error_log;
+});
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: a duplicate while the first is running gets 409 with Retry-After
+--- config
+    location = /fanout {
+        echo_subrequest_async POST /p -b 'same';
+        echo_sleep 0.3;
+        echo_subrequest_async POST /p -b 'same';
+    }
+    location = /p {
+        proxy_set_header Idempotency-Key conflict-1;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/pay;
+    }
+    location = /pay {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
+    }
+    location = /slow {
+        access_log logs/error.log backend;
+        echo_sleep 1;
+        echo "done";
+    }
+--- request
+GET /fanout
+--- response_body_like chomp
+\Adone\n\{"type":"about:blank","title":"A request is outstanding for this Idempotency-Key","status":409,"detail":"[^"]+","code":"request-in-progress"\}\n\z
+--- grep_error_log eval: qr/BACKEND-EXEC \S+/
+--- grep_error_log_out
+BACKEND-EXEC /slow
+--- timeout: 5
+
+
+
+=== TEST 2: with idempotency_wait the duplicate waits and gets the replay
+--- config
+    location = /fanout {
+        echo_subrequest_async POST /p -b 'same';
+        echo_sleep 0.3;
+        echo_subrequest_async POST /p -b 'same';
+    }
+    location = /p {
+        proxy_set_header Idempotency-Key conflict-2;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/pay;
+    }
+    location = /pay {
+        idempotency on;
+        idempotency_wait 3s;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
+    }
+    location = /slow {
+        access_log logs/error.log backend;
+        echo_sleep 1;
+        echo "done $request_id";
+    }
+--- request
+GET /fanout
+--- response_body_like chomp
+\Adone (\w+)\ndone \1\n\z
+--- grep_error_log eval: qr/BACKEND-EXEC \S+/
+--- grep_error_log_out
+BACKEND-EXEC /slow
+--- timeout: 6
+
+
+
+=== TEST 3: a wait shorter than the original still ends in 409
+--- config
+    location = /fanout {
+        echo_subrequest_async POST /p -b 'same';
+        echo_sleep 0.2;
+        echo_subrequest_async POST /p -b 'same';
+    }
+    location = /p {
+        proxy_set_header Idempotency-Key conflict-3;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/pay;
+    }
+    location = /pay {
+        idempotency on;
+        idempotency_wait 300ms;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
+    }
+    location = /slow {
+        echo_sleep 1.5;
+        echo "done";
+    }
+--- request
+GET /fanout
+--- response_body_like chomp
+\Adone\n\{.*"code":"request-in-progress"\}\n\z
+--- timeout: 6
+
+
+
+=== TEST 4: idempotency_lock_ttl: an expired claim is taken over, and the
+original's late store does not overwrite the new owner
+--- config
+    location = /fanout {
+        echo_subrequest_async POST /p -b 'same';
+        echo_sleep 1.3;
+        echo_subrequest_async POST /p -b 'same';
+    }
+    location = /p {
+        proxy_set_header Idempotency-Key conflict-4;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/pay;
+    }
+    location = /pay {
+        idempotency on;
+        idempotency_lock_ttl 1s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
+    }
+    location = /slow {
+        echo_sleep 2;
+        echo "run $request_id";
+    }
+--- request
+GET /fanout
+--- response_body_like chomp
+\Arun (\w+)\nrun (?!\1)\w+\n\z
+--- error_log
+claim was lost before the record was stored
+--- no_error_log
+[error]
+--- timeout: 8

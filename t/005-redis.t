@@ -1,0 +1,285 @@
+# Redis (SPEC §2.7, §4): unreachable, pass mode, unix socket, db, ACL user,
+# corrupt records, wrong types, lost scripts, timeouts.
+use Test::Nginx::Socket 'no_plan';
+
+repeat_each(1);
+no_shuffle();
+no_long_string();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
+
+add_block_preprocessor(sub {
+    my $block = shift;
+
+    my $hc = $block->http_config // '';
+
+    $block->set_value("http_config",
+        ($hc =~ /idempotency_redis / ? ''
+            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
+        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
+
+    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
+        unless defined $block->no_error_log || defined $block->error_log;
+});
+
+use Digest::SHA qw(sha256_hex);
+
+my $cli = "redis-cli -p $ENV{TEST_NGINX_REDIS_PORT}";
+system("$cli ACL SETUSER idem on '>s3cret' '~*' '+\@all' >/dev/null");
+
+sub rkey { "idem:{" . sha256_hex("\0" . shift) . "}" }
+
+$ENV{TEST_NGINX_CORRUPT_KEY} = rkey("redis-corrupt");
+$ENV{TEST_NGINX_LIST_KEY} = rkey("redis-list");
+$ENV{TEST_NGINX_TRUNC_KEY} = rkey("redis-trunc");
+
+run_tests();
+
+
+__DATA__
+
+=== TEST 1: Redis unreachable: 503 store-unavailable, upstream not contacted
+--- http_config
+    idempotency_redis 127.0.0.1:1;
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        access_log logs/error.log backend;
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-1
+--- request
+POST /pay
+x
+--- error_code: 503
+--- response_headers
+X-Idem: error
+Retry-After: 1
+Content-Type: application/problem+json
+--- response_body_like: "code":"store-unavailable"
+--- error_log
+cannot connect to redis "127.0.0.1:1"
+--- no_error_log
+BACKEND-EXEC
+
+
+
+=== TEST 2: idempotency_on_redis_error pass: proxied unprotected
+--- http_config
+    idempotency_redis 127.0.0.1:1;
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_on_redis_error pass;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-2
+--- request
+POST /pay
+x
+--- error_code: 201
+--- response_headers
+X-Idem: error
+--- error_log
+cannot connect to redis
+
+
+
+=== TEST 3: a unix socket, another db, and an ACL user
+--- http_config
+    idempotency_redis unix:$TEST_NGINX_REDIS_SOCKET db=3 user=idem password=s3cret;
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-3
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[201, 201]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay"]
+
+
+
+=== TEST 4: the record went to db 3, not db 0
+--- init
+my $n0 = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -n 0 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
+my $n3 = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -n 3 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
+die "record in db0=$n0 db3=$n3" unless $n0 == 0 && $n3 == 1;
+--- config
+    location = /t {
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
+
+
+
+=== TEST 5: a wrong password is refused at the handshake: 503
+--- http_config
+    idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT user=idem password=wrong;
+--- config
+    location = /pay {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-5
+--- request
+POST /pay
+x
+--- error_code: 503
+--- error_log
+refused the handshake
+
+
+
+=== TEST 6: a corrupt record is a Redis error, never a replay of garbage
+--- init
+system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SET '$ENV{TEST_NGINX_CORRUPT_KEY}' 'IDM1garbage' >/dev/null");
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-corrupt
+--- request
+POST /pay
+x
+--- error_code: 503
+--- response_headers
+X-Idem: error
+--- error_log
+corrupt record in redis
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 7: a record truncated in its body length is corrupt too
+--- init
+system("printf 'IDM1\\002%064d%032d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\001\\000' 0 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_TRUNC_KEY}' >/dev/null");
+--- config
+    location = /pay {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-trunc
+--- request
+POST /pay
+x
+--- error_code: 503
+--- error_log
+corrupt record in redis
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 8: a key of the wrong type is a Redis error, with pass it proxies
+--- init
+system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} RPUSH '$ENV{TEST_NGINX_LIST_KEY}' a >/dev/null");
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_on_redis_error pass;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-list
+--- request
+POST /pay
+x
+--- error_code: 201
+--- response_headers
+X-Idem: error
+--- error_log
+WRONGTYPE
+
+
+
+=== TEST 9: SCRIPT FLUSH: the claim falls back to EVAL and still works
+--- init
+system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SCRIPT FLUSH >/dev/null");
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-9
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[201, 201]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay"]
+
+
+
+=== TEST 10: idempotency_redis_timeout: a stalled Redis answers 503 in time
+--- init
+system("(redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} DEBUG SLEEP 1.5 >/dev/null &)");
+select(undef, undef, undef, 0.3);
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_redis_timeout 300ms;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: redis-10
+--- request
+POST /pay
+x
+--- error_code: 503
+--- error_log
+timed out
+--- timeout: 1
+--- wait: 1.5

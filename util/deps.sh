@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build, tests, demo and bench need; does
+# nothing when they are all there already.
+set -euo pipefail
+
+pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
+      libnginx-mod-http-echo curl wrk
+      libtest-base-perl libtext-diff-perl liblist-moreutils-perl
+      libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
+      libipc-run-perl)
+
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" \
+        || missing+=("$p")
+done
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+fi
+
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# policy-rc.d keeps the packaged nginx and redis services from starting
+printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+chmod +x /usr/sbin/policy-rc.d
+trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs the whole suite against a private Redis with the module at $1.
+# Uses CPAN's Test::Nginx when installed, else the bundled t/compat one.
+set -euo pipefail
+
+module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+export TEST_NGINX_REDIS_PORT=${TEST_NGINX_REDIS_PORT:-16379}
+export TEST_NGINX_REDIS_SOCKET=/tmp/ngx-idempotency-redis-$TEST_NGINX_REDIS_PORT/redis.sock
+export TEST_NGINX_BINARY=${TEST_NGINX_BINARY:-/usr/sbin/nginx}
+export TEST_NGINX_MODULE=$module
+echo_so=/usr/lib/nginx/modules/ngx_http_echo_module.so
+export TEST_NGINX_LOAD_MODULES="$module $echo_so"
+export TEST_NGINX_SERVROOT=${TEST_NGINX_SERVROOT:-$top/t/servroot}
+
+asan_dir=/tmp/ngx-idempotency-asan
+if [ -n "${TEST_ASAN:-}" ]; then
+    # the stock nginx is not instrumented: preload the runtime; its own
+    # leaks at exit are nginx's (pools freed by the OS), not ours
+    rm -rf "$asan_dir"; mkdir -p "$asan_dir"
+    export LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:log_path=$asan_dir/asan}
+fi
+
+inc=()
+perl -MTest::Nginx::Socket -e1 2>/dev/null || inc=(-I "$top/t/compat")
+
+./util/redis.sh start "$TEST_NGINX_REDIS_PORT"
+trap './util/redis.sh stop "$TEST_NGINX_REDIS_PORT"' EXIT
+
+rc=0
+prove "${inc[@]}" ${TEST_FILES:-t/*.t t/compat/selftest/*.t} || rc=$?
+
+if [ -n "${TEST_ASAN:-}" ]; then
+    if ls "$asan_dir"/asan* >/dev/null 2>&1; then
+        echo "AddressSanitizer reported errors:" >&2
+        cat "$asan_dir"/asan* >&2
+        rc=1
+    else
+        echo "AddressSanitizer: no error reported"
+    fi
+fi
+
+exit $rc
