@@ -199,11 +199,11 @@ sleep 0.5;
 {
     my $key = "fleet-expect-" . time();
     my $body = "a" x 2048;
-    my @args = ('-s', '-o', '/dev/null', '-w', '%{http_code}',
+    my @args = ('-s', '--max-time', '10', '-o', '/dev/null', '-w', '%{http_code}',
                 '-H', 'Expect: 100-continue', '-H', "Idempotency-Key: $key",
                 '--data-binary', $body, "http://127.0.0.1:$ports[0]/pay");
     my $first = `curl @{[ map { "'$_'" } @args ]}`;
-    my $hdr = `curl -s -D - -o /dev/null -H 'Expect: 100-continue' -H 'Idempotency-Key: $key' --data-binary '$body' http://127.0.0.1:$ports[1]/pay`;
+    my $hdr = `curl -s --max-time 10 -D - -o /dev/null -H 'Expect: 100-continue' -H 'Idempotency-Key: $key' --data-binary '$body' http://127.0.0.1:$ports[1]/pay`;
     is($first, '200', "100-continue: executed");
     like($hdr, qr/Idempotent-Replayed: true/, "100-continue: replayed");
 }

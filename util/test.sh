@@ -20,7 +20,7 @@ if [ -n "${TEST_ASAN:-}" ]; then
     # the stock nginx is not instrumented: preload the runtime; its own
     # leaks at exit are nginx's (pools freed by the OS), not ours
     rm -rf "$asan_dir"; mkdir -p "$asan_dir"
-    export LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+    export TEST_NGINX_BINARY=$top/util/nginx-asan.sh
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:log_path=$asan_dir/asan}
 fi
 
