@@ -125,7 +125,7 @@ qr/\A(?:(?:BACKEND-EXEC \/backend\n){2})?\z/
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/blob.bin;
     }
 --- user_files eval
-">>> blob.bin\n" . join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575)
+">>> blob.bin\n" . CORE::join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575)
 --- more_headers
 Idempotency-Key: store-4
 --- pipelined_requests eval
@@ -133,8 +133,8 @@ Idempotency-Key: store-4
 --- error_code eval
 [200, 200]
 --- response_body eval
-[join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575),
- join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575)]
+[CORE::join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575),
+ CORE::join("", map { chr(($_ * 7 + 3) % 256) } 0 .. 1048575)]
 --- timeout: 10
 
 
