@@ -182,6 +182,8 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    /* until the body is read, a failure is the client's (400, 413, 408) */
+    ctx->status = NGX_HTTP_IDEMPOTENCY_INVALID;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_READING_BODY;
 
     rc = ngx_http_read_client_request_body(r,
@@ -189,7 +191,6 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
-        ctx->status = NGX_HTTP_IDEMPOTENCY_INVALID;
         return rc;
     }
 
@@ -304,6 +305,7 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
     }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+    ctx->status = NGX_HTTP_IDEMPOTENCY_BYPASS;
 
     r->write_event_handler = ngx_http_core_run_phases;
     ngx_http_core_run_phases(r);
@@ -436,6 +438,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
             && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
         {
             /* SCRIPT FLUSH or a failover: send the script itself */
+            ngx_http_idempotency_redis_load_script(ctx->redis);
             ctx->retried = 1;
             ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
             return NGX_HTTP_IDEMPOTENCY_GO_ERROR;

@@ -246,11 +246,13 @@ ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     ngx_http_idempotency_record_t *rec);
 
+/* key.c */
+ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,
+    size_t max);
+
 /* hash.c */
 ngx_int_t ngx_http_idempotency_hash_init(ngx_cycle_t *cycle);
 void ngx_http_idempotency_hash_done(void);
-ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,
-    size_t max);
 ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key);
 ngx_int_t ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
@@ -293,6 +295,8 @@ void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
 ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
 void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_load_script(
+    ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_ops_done(void);
 
 /* script.c: the Lua that makes claim and finish atomic */

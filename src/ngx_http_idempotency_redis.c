@@ -236,6 +236,19 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
         }
     }
 
+    ngx_http_idempotency_redis_load_script(redis);
+}
+
+
+/* also after a NOSCRIPT: SCRIPT FLUSH, or a failover to another node */
+
+void
+ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
+{
+    size_t                      argvlen[3];
+    const char                 *argv[3];
+    ngx_http_idempotency_op_t  *op;
+
     argv[0] = "SCRIPT";
     argvlen[0] = 6;
     argv[1] = "LOAD";
