@@ -5,6 +5,7 @@
 #                   private Redis
 #   make test-asan  the same with the module built under AddressSanitizer
 #   make demo       a running demo with curl output
+#   make torture    faults, load and reload at full size (< 20 min)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -16,7 +17,7 @@ EXTRA_CFLAGS ?=
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo clean
+.PHONY: all module deps test test-asan demo torture clean
 
 all: module
 
@@ -41,5 +42,10 @@ demo: deps
 	$(MAKE) module
 	./demo/run.sh "$(MODULE)"
 
+torture: deps
+	$(MAKE) module
+	TORTURE_FULL=1 TEST_FILES="t/020-torture.t t/030-soak.t" \
+	    ./util/test.sh "$(MODULE)"
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan t/servroot
+	rm -rf $(BUILD) $(BUILD)-asan t/servroot*

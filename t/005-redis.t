@@ -33,6 +33,8 @@ sub rkey { "idem:{" . sha256_hex("\0" . shift) . "}" }
 $ENV{TEST_NGINX_CORRUPT_KEY} = rkey("redis-corrupt");
 $ENV{TEST_NGINX_LIST_KEY} = rkey("redis-list");
 $ENV{TEST_NGINX_TRUNC_KEY} = rkey("redis-trunc");
+$ENV{TEST_NGINX_MAGIC_KEY} = rkey("redis-magic");
+$ENV{TEST_NGINX_HUGE_KEY} = rkey("redis-huge");
 
 run_tests();
 
@@ -187,7 +189,7 @@ corrupt record in redis
 
 === TEST 7: a record truncated in its body length is corrupt too
 --- init
-system("printf 'IDM1\\002%064d%032d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\001\\000' 0 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_TRUNC_KEY}' >/dev/null");
+system("printf 'IDM1\\002%048d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\001\\000' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_TRUNC_KEY}' >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -210,7 +212,31 @@ corrupt record in redis
 
 
 
-=== TEST 8: a key of the wrong type is a Redis error, with pass it proxies
+=== TEST 8: wrong magic, and a header count of 2^32-1: corrupt, no crash
+--- init
+system("printf 'XDM1\\002%048d' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_MAGIC_KEY}' >/dev/null");
+system("printf 'IDM1\\002%048d\\000\\310\\377\\377\\377\\377\\000\\000\\000\\001a' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_HUGE_KEY}' >/dev/null");
+--- config
+    location = /pay {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 201 "ok\n";
+    }
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- more_headers eval
+["Idempotency-Key: redis-magic", "Idempotency-Key: redis-huge"]
+--- error_code eval
+[503, 503]
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 9: a key of the wrong type is a Redis error, with pass it proxies
 --- init
 system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} RPUSH '$ENV{TEST_NGINX_LIST_KEY}' a >/dev/null");
 --- config
@@ -236,7 +262,7 @@ WRONGTYPE
 
 
 
-=== TEST 9: SCRIPT FLUSH: the claim falls back to EVAL and still works
+=== TEST 10: SCRIPT FLUSH: the claim falls back to EVAL and still works
 --- init
 system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SCRIPT FLUSH >/dev/null");
 --- config
@@ -259,7 +285,7 @@ Idempotency-Key: redis-9
 
 
 
-=== TEST 10: idempotency_redis_timeout: a stalled Redis answers 503 in time
+=== TEST 11: idempotency_redis_timeout: a stalled Redis answers 503 in time
 --- init
 system("(redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} DEBUG SLEEP 1.5 >/dev/null &)");
 select(undef, undef, undef, 0.3);

@@ -1,0 +1,199 @@
+package Fleet;
+
+# Helpers for the plain Test::More suites that run their own nginx
+# instances (master process, several workers) against the test Redis:
+# config, start/stop/reload, raw HTTP clients (blocking and concurrent),
+# and log scanning.
+
+use strict;
+use warnings;
+use IO::Socket::INET;
+use IO::Select;
+use File::Path qw(make_path remove_tree);
+use Cwd qw(abs_path);
+use Time::HiRes qw(sleep time);
+use Exporter 'import';
+
+our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
+                 http_post http_burst lines_of log_problems redis_cli
+                 redis_pid have_module);
+
+my $root;
+
+sub have_module {
+    return grep { /idempotency/ }
+           split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+}
+
+sub fleet_root {
+    my $name = shift;
+    $root = abs_path('t') . "/servroot-$name";
+    remove_tree($root);
+    make_path($root);
+    return $root;
+}
+
+sub nginx_bin { $ENV{TEST_NGINX_BINARY} || 'nginx' }
+
+# nginx_conf(name, http_body, workers) -> dir
+sub nginx_conf {
+    my ($name, $body, $workers) = @_;
+    my $dir = "$root/$name";
+    make_path("$dir/logs", "$dir/conf");
+    my $load = join '', map { "load_module $_;\n" }
+               grep { $_ } split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+    $workers //= 2;
+    open my $fh, '>', "$dir/conf/nginx.conf" or die $!;
+    print $fh <<"EOC";
+$load
+worker_processes $workers;
+error_log logs/error.log info;
+pid logs/nginx.pid;
+worker_rlimit_nofile 8192;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    $body
+}
+EOC
+    close $fh;
+    return $dir;
+}
+
+sub nginx_start {
+    my $dir = shift;
+    system(nginx_bin(), '-p', "$dir/", '-c', 'conf/nginx.conf') == 0
+        or die "cannot start nginx in $dir";
+}
+
+sub nginx_signal {
+    my ($dir, $sig) = @_;
+    system(nginx_bin(), '-p', "$dir/", '-c', 'conf/nginx.conf', '-s', $sig);
+}
+
+sub nginx_stop {
+    my $dir = shift;
+    nginx_signal($dir, 'quit');
+    for (1 .. 100) {
+        last unless -e "$dir/logs/nginx.pid";
+        sleep 0.1;
+    }
+}
+
+sub _request {
+    my ($key, $body, $path, $extra) = @_;
+    $path //= '/pay';
+    $extra //= '';
+    my $k = defined $key ? "Idempotency-Key: $key\r\n" : '';
+    return "POST $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n$k$extra"
+        . "Content-Length: " . length($body) . "\r\n\r\n$body";
+}
+
+sub _parse {
+    my $res = shift;
+    my ($status) = $res =~ m{^HTTP/1\.[01] (\d+)};
+    my ($h, $b) = split /\r\n\r\n/, $res, 2;
+    $b //= '';
+    if (($h // '') =~ /^Transfer-Encoding: chunked/mi) {
+        my $d = '';
+        while ($b =~ s/\A([0-9a-f]+)\r\n//i) {
+            my $n = hex $1;
+            last if $n == 0;
+            $d .= substr($b, 0, $n, '');
+            $b =~ s/\A\r\n//;
+        }
+        $b = $d;
+    }
+    return { status => $status || 0, body => $b, head => $h // '' };
+}
+
+# http_post(port, key, body, path, extra_headers, timeout) -> {status,...}
+sub http_post {
+    my ($port, $key, $body, $path, $extra, $timeout) = @_;
+    my $t0 = time;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
+                                  Timeout => $timeout // 10)
+        or return { status => 0, body => '', head => '', took => 0 };
+    print $s _request($key, $body, $path, $extra);
+    my $res = '';
+    my $sel = IO::Select->new($s);
+    my $deadline = time + ($timeout // 10);
+    while (time < $deadline && $sel->can_read($deadline - time)) {
+        my $n = sysread($s, my $buf, 65536);
+        last unless $n;
+        $res .= $buf;
+    }
+    my $r = _parse($res);
+    $r->{took} = time - $t0;
+    return $r;
+}
+
+# http_burst([[port, key, body], ...], timeout): sends all requests at once
+# on separate connections, then collects every answer.
+sub http_burst {
+    my ($reqs, $timeout) = @_;
+    $timeout //= 10;
+    my (@socks, %buf, %idx);
+    my $sel = IO::Select->new;
+    for my $i (0 .. $#$reqs) {
+        my ($port, $key, $body, $path) = @{ $reqs->[$i] };
+        my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
+                                      Timeout => $timeout) or next;
+        $socks[$i] = $s;
+        $idx{fileno $s} = $i;
+        $buf{$i} = '';
+    }
+    for my $i (0 .. $#$reqs) {
+        next unless $socks[$i];
+        my ($port, $key, $body, $path) = @{ $reqs->[$i] };
+        syswrite($socks[$i], _request($key, $body, $path));
+        $sel->add($socks[$i]);
+    }
+    my $deadline = time + $timeout;
+    while ($sel->count && time < $deadline) {
+        for my $s ($sel->can_read($deadline - time)) {
+            my $i = $idx{fileno $s};
+            my $n = sysread($s, my $b, 65536);
+            if ($n) { $buf{$i} .= $b; next }
+            $sel->remove($s);
+            close $s;
+        }
+    }
+    return [ map { defined $buf{$_} ? _parse($buf{$_})
+                                    : { status => 0, body => '' } }
+             0 .. $#$reqs ];
+}
+
+sub lines_of {
+    my $f = shift;
+    open my $fh, '<', $f or return ();
+    return <$fh>;
+}
+
+# worker crashes, alerts, sockets left, sanitizer reports
+sub log_problems {
+    my $f = shift;
+    return grep { /\[(alert|crit|emerg)\]|exited on signal|open socket|
+                   AddressSanitizer/x } lines_of($f);
+}
+
+sub redis_cli {
+    my $port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
+    my $cmd = join ' ', map { "'$_'" } @_;
+    my $out = `redis-cli -p $port $cmd 2>/dev/null`;
+    chomp $out;
+    return $out;
+}
+
+sub redis_pid {
+    my $port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
+    my $f = "/tmp/ngx-idempotency-redis-$port/redis.pid";
+    open my $fh, '<', $f or return;
+    my $pid = <$fh>;
+    chomp $pid;
+    return $pid;
+}
+
+1;
