@@ -2,26 +2,8 @@
 # $idempotency_status variable.
 use Test::Nginx::Socket 'no_plan';
 
-repeat_each(1);
-no_shuffle();
-no_long_string();
-
-$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
-
-add_block_preprocessor(sub {
-    my $block = shift;
-
-    my $hc = $block->http_config // '';
-
-    $block->set_value("http_config",
-        ($hc =~ /idempotency_redis / ? ''
-            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
-        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
-
-    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
-        unless defined $block->no_error_log || defined $block->error_log;
-});
+use lib 't/lib';
+use IdemTest;
 
 run_tests();
 
@@ -134,9 +116,6 @@ qr/\A(?:(?:BACKEND-EXEC \/backend\n){3})?\z/
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- request
 POST /pay
 {"amount":1}
@@ -154,9 +133,6 @@ Content-Type: application/problem+json
         idempotency on;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- pipelined_requests eval
 ["POST /pay\nx", "POST /pay\nx", "POST /pay\nx"]
@@ -178,9 +154,6 @@ Content-Type: application/problem+json
         idempotency_key_max_length 8;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- pipelined_requests eval
 ["POST /pay\nx", "POST /pay\nx", "POST /pay\nx", "POST /pay\nx",

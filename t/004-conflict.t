@@ -2,26 +2,8 @@
 # original with idempotency_wait; an expired lock can be taken over.
 use Test::Nginx::Socket 'no_plan';
 
-repeat_each(1);
-no_shuffle();
-no_long_string();
-
-$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
-
-add_block_preprocessor(sub {
-    my $block = shift;
-
-    my $hc = $block->http_config // '';
-
-    $block->set_value("http_config",
-        ($hc =~ /idempotency_redis / ? ''
-            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
-        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
-
-    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
-        unless defined $block->no_error_log || defined $block->error_log;
-});
+use lib 't/lib';
+use IdemTest;
 
 run_tests();
 

@@ -2,26 +2,8 @@
 # corrupt records, wrong types, lost scripts, timeouts.
 use Test::Nginx::Socket 'no_plan';
 
-repeat_each(1);
-no_shuffle();
-no_long_string();
-
-$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
-
-add_block_preprocessor(sub {
-    my $block = shift;
-
-    my $hc = $block->http_config // '';
-
-    $block->set_value("http_config",
-        ($hc =~ /idempotency_redis / ? ''
-            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
-        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
-
-    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
-        unless defined $block->no_error_log || defined $block->error_log;
-});
+use lib 't/lib';
+use IdemTest;
 
 use Digest::SHA qw(sha256_hex);
 
@@ -82,9 +64,6 @@ BACKEND-EXEC
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- more_headers
 Idempotency-Key: redis-2
 --- request
@@ -106,9 +85,6 @@ cannot connect to redis
         idempotency on;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: redis-3
@@ -145,9 +121,6 @@ ok
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- more_headers
 Idempotency-Key: redis-5
 --- request
@@ -167,9 +140,6 @@ system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SET '$ENV{TEST_NGINX_CORRUPT_KE
         idempotency on;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: redis-corrupt
@@ -195,9 +165,6 @@ system("printf 'IDM1\\002%048d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- more_headers
 Idempotency-Key: redis-trunc
 --- request
@@ -221,9 +188,6 @@ system("printf 'IDM1\\002%048d\\000\\310\\377\\377\\377\\377\\000\\000\\000\\001
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- pipelined_requests eval
 ["POST /pay\nx", "POST /pay\nx"]
 --- more_headers eval
@@ -245,9 +209,6 @@ system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} RPUSH '$ENV{TEST_NGINX_LIST_KEY
         idempotency_on_redis_error pass;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: redis-list
@@ -271,9 +232,6 @@ system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SCRIPT FLUSH >/dev/null");
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- more_headers
 Idempotency-Key: redis-9
 --- pipelined_requests eval
@@ -295,9 +253,6 @@ select(undef, undef, undef, 0.3);
         idempotency_redis_timeout 300ms;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: redis-10

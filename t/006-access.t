@@ -2,26 +2,8 @@
 # Redis, so the same key is still free afterwards.
 use Test::Nginx::Socket 'no_plan';
 
-repeat_each(1);
-no_shuffle();
-no_long_string();
-
-$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
-
-add_block_preprocessor(sub {
-    my $block = shift;
-
-    my $hc = $block->http_config // '';
-
-    $block->set_value("http_config",
-        ($hc =~ /idempotency_redis / ? ''
-            : "idempotency_redis 127.0.0.1:\$TEST_NGINX_REDIS_PORT;\n")
-        . "log_format backend 'BACKEND-EXEC \$request_uri';\n" . $hc);
-
-    $block->set_value("no_error_log", "[error]\n[alert]\n[crit]\n")
-        unless defined $block->no_error_log || defined $block->error_log;
-});
+use lib 't/lib';
+use IdemTest;
 
 run_tests();
 
@@ -33,9 +15,6 @@ __DATA__
         deny all;
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: access-1
@@ -55,9 +34,6 @@ x
         auth_basic_user_file /dev/null;
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: access-1
@@ -82,9 +58,6 @@ x
     location = /auth {
         return 403;
     }
-    location = /backend {
-        return 201 "ok\n";
-    }
 --- more_headers
 Idempotency-Key: access-1
 --- request
@@ -102,9 +75,6 @@ x
         idempotency on;
         add_header X-Idem $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
-    }
-    location = /backend {
-        return 201 "ok\n";
     }
 --- more_headers
 Idempotency-Key: access-1
