@@ -48,7 +48,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
                        "idempotency: status %ui not stored, releasing",
                        r->headers_out.status);
 
-        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        ngx_http_idempotency_release(r, ctx);
         return ngx_http_idempotency_next_header(r);
     }
 
@@ -63,7 +63,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     if (rc != NGX_OK) {
-        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        ngx_http_idempotency_release(r, ctx);
         return NGX_ERROR;
     }
 
@@ -145,7 +145,7 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
                       "idempotency: response body is not in memory, "
                       "not stored");
         ctx->capturing = 0;
-        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        ngx_http_idempotency_release(r, ctx);
         return NGX_ERROR;
     }
 
@@ -163,7 +163,7 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
                           "idempotency: response body exceeds its "
                           "Content-Length, not stored");
             ctx->capturing = 0;
-            ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+            ngx_http_idempotency_release(r, ctx);
             return NGX_ERROR;
         }
 
@@ -217,7 +217,7 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 failed:
 
     ctx->capturing = 0;
-    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+    ngx_http_idempotency_release(r, ctx);
 
     return NGX_ERROR;
 }
@@ -242,7 +242,7 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
                           "idempotency: response body truncated "
                           "(%uz of %O bytes), not stored",
                           cap->body_len, cap->expected);
-            ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+            ngx_http_idempotency_release(r, ctx);
             return;
         }
 
@@ -258,7 +258,7 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
 
     value = ngx_pnalloc(r->pool, len);
     if (value == NULL) {
-        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        ngx_http_idempotency_release(r, ctx);
         return;
     }
 
@@ -290,7 +290,7 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
 
     buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2);
     if (buf == NULL) {
-        ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+        ngx_http_idempotency_release(r, ctx);
         return;
     }
 
@@ -302,21 +302,18 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
 }
 
 
-/*
- * Stores the final record, or releases the claim when value is NULL.  The
- * script only acts if the key still holds our own claim.  Fire and forget:
- * the request does not wait for the reply.
- */
+void
+ngx_http_idempotency_release(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+}
+
 
 void
 ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     size_t len, ngx_msec_t ttl, ngx_log_t *log)
 {
-    u_char                     ttl_buf[NGX_INT_T_LEN];
-    size_t                     argvlen[7];
-    const char                *argv[7];
-    ngx_http_idempotency_op_t *op;
-
     if (ctx->finished) {
         return;
     }
@@ -324,7 +321,28 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     ctx->finished = 1;
     ctx->capturing = 0;
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    ngx_http_idempotency_finish_key(ctx->redis, &ctx->rkey, ctx->claim,
+                                    value, len, ttl, log);
+}
+
+
+/*
+ * Stores the final record, or releases the claim when value is NULL.  The
+ * script only acts if the key still holds our own claim.  Fire and forget:
+ * the request does not wait for the reply.
+ */
+
+void
+ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
+    ngx_msec_t ttl, ngx_log_t *log)
+{
+    u_char                     ttl_buf[NGX_INT_T_LEN];
+    size_t                     argvlen[7];
+    const char                *argv[7];
+    ngx_http_idempotency_op_t *op;
+
+    op = ngx_http_idempotency_op_alloc(redis);
     if (op == NULL) {
         goto failed;
     }
@@ -338,9 +356,9 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     argvlen[1] = ngx_http_idempotency_finish_script.len;
     argv[2] = "1";
     argvlen[2] = 1;
-    argv[3] = (const char *) ctx->rkey.data;
-    argvlen[3] = ctx->rkey.len;
-    argv[4] = (const char *) ctx->claim;
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
     argv[5] = value ? (const char *) value : "";
     argvlen[5] = value ? len : 0;

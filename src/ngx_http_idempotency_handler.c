@@ -144,8 +144,8 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: request without a key rejected");
         return ngx_http_idempotency_reject(r, ctx,
-                                           NGX_HTTP_IDEMPOTENCY_MISSING,
-                                           NGX_HTTP_IDEMPOTENCY_PROBLEM_MISSING);
+                                        NGX_HTTP_IDEMPOTENCY_MISSING,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_MISSING);
     }
 
     key.data = ngx_pnalloc(r->pool, raw.len + 1);
@@ -160,8 +160,8 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: invalid key rejected");
         return ngx_http_idempotency_reject(r, ctx,
-                                           NGX_HTTP_IDEMPOTENCY_INVALID,
-                                           NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID);
+                                        NGX_HTTP_IDEMPOTENCY_INVALID,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID);
     }
 
     if (ngx_http_idempotency_record_key(r, ctx, &key) != NGX_OK
@@ -499,18 +499,13 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
 static void
 ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
 {
-    ngx_http_idempotency_ctx_t  ctx;
+    ngx_str_t  rkey;
 
-    /* finish() needs only these fields of a ctx */
+    rkey.data = op->rkey;
+    rkey.len = op->rkey_len;
 
-    ngx_memzero(&ctx, sizeof(ngx_http_idempotency_ctx_t));
-
-    ctx.redis = op->redis;
-    ctx.rkey.data = op->rkey;
-    ctx.rkey.len = op->rkey_len;
-    ngx_memcpy(ctx.claim, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-
-    ngx_http_idempotency_finish(&ctx, NULL, 0, 0, op->redis->log);
+    ngx_http_idempotency_finish_key(op->redis, &rkey, op->claim, NULL, 0, 0,
+                                    op->redis->log);
 }
 
 
@@ -715,5 +710,5 @@ ngx_http_idempotency_cleanup(void *data)
         return;
     }
 
-    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
+    ngx_http_idempotency_release(r, ctx);
 }

@@ -284,6 +284,11 @@ ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
     u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
+void ngx_http_idempotency_release(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
+    ngx_msec_t ttl, ngx_log_t *log);
 
 /* redis.c */
 ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
