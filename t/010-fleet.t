@@ -14,9 +14,14 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my ($backend_port, @ports) = (19900, 19901, 19902);
+my ($tls_port, $h2c_port) = (19903, 19904);
 my $redis = 'util/redis.sh';
 
 my $root = fleet_root('fleet');
+
+system("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
+       . " -keyout $root/key.pem -out $root/cert.pem 2>/dev/null") == 0
+    or die "openssl req failed";
 
 sub executions { scalar(my @l = lines_of("$root/backend/logs/exec.log")) }
 
@@ -42,6 +47,17 @@ for my $i (0, 1) {
         location = /pay {
             idempotency on;
             proxy_ignore_client_abort on;
+            proxy_pass http://127.0.0.1:$backend_port;
+        }
+    }
+    server {
+        listen 127.0.0.1:@{[ $i ? $h2c_port : $tls_port ]}
+               @{[ $i ? '' : 'ssl' ]} http2;
+        ssl_certificate $root/cert.pem;
+        ssl_certificate_key $root/key.pem;
+        location = /pay {
+            idempotency on;
+            add_header X-Idem \$idempotency_status always;
             proxy_pass http://127.0.0.1:$backend_port;
         }
     }
@@ -115,6 +131,23 @@ sleep 0.5;
     my $hdr = `$curl -D - http://127.0.0.1:$ports[1]/pay`;
     is($first, '200', "100-continue: executed");
     like($hdr, qr/Idempotent-Replayed: true/, "100-continue: replayed");
+}
+
+# 4. HTTP/2 over TLS and in clear text, HTTP/1.0: same key, same answers
+{
+    my $key = "fleet-h2-" . time();
+    my $curl = "curl -sk --max-time 10 -D - -H 'Idempotency-Key: $key'"
+        . " --data-binary '" . ("b" x 70000) . "'";
+    my $a = `$curl --http2 https://127.0.0.1:$tls_port/pay`;
+    my $b = `$curl --http2-prior-knowledge http://127.0.0.1:$h2c_port/pay`;
+    my $c = `$curl --http1.0 http://127.0.0.1:$ports[0]/pay`;
+    like($a, qr{^HTTP/2 200.*^x-idem: new}ms, "h2 over TLS: executed");
+    like($b, qr{^HTTP/2 200.*^x-idem: replay}ms, "h2c: replayed");
+    like($c, qr{^HTTP/1\.[01] 200.*^Idempotent-Replayed: true}ms,
+         "HTTP/1.0: replayed");
+    my ($ba) = $a =~ /\r\n\r\n(.*)\z/s;
+    my ($bc) = $c =~ /\r\n\r\n(.*)\z/s;
+    is($bc, $ba, "the same body over every protocol");
 }
 
 nginx_stop($_) for @edges, $backend;
