@@ -51,9 +51,10 @@ ngx_int_t
 ngx_http_idempotency_record_decode(u_char *data, size_t len,
     ngx_http_idempotency_record_t *rec)
 {
-    u_char    *p, *last;
-    uint32_t   n, i, l;
-    uint64_t   body_len;
+    u_char      *p, *last;
+    uint32_t     n, l;
+    uint64_t     body_len;
+    ngx_uint_t   i;
 
     p = data;
     last = data + len;
@@ -107,10 +108,15 @@ ngx_http_idempotency_record_decode(u_char *data, size_t len,
     n = ngx_http_idempotency_get32(p);
     p += 4;
 
+    /* every header takes at least 8 bytes: bound n before looping on it */
+    if (n > (size_t) (last - p) / 8) {
+        return NGX_ERROR;
+    }
+
     rec->nheaders = n;
     rec->headers = p;
 
-    for (i = 0; i < 2 * n; i++) {
+    for (i = 0; i < (ngx_uint_t) n * 2; i++) {
         if (last - p < 4) {
             return NGX_ERROR;
         }

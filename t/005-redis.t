@@ -17,6 +17,7 @@ $ENV{TEST_NGINX_LIST_KEY} = rkey("redis-list");
 $ENV{TEST_NGINX_TRUNC_KEY} = rkey("redis-trunc");
 $ENV{TEST_NGINX_MAGIC_KEY} = rkey("redis-magic");
 $ENV{TEST_NGINX_HUGE_KEY} = rkey("redis-huge");
+$ENV{TEST_NGINX_WRAP_KEY} = rkey("redis-wrap");
 
 run_tests();
 
@@ -179,21 +180,24 @@ corrupt record in redis
 
 
 
-=== TEST 8: wrong magic, and a header count of 2^32-1: corrupt, no crash
+=== TEST 8: wrong magic, header counts of 2^32-1 and 2^31: corrupt, no crash
 --- init
 system("printf 'XDM1\\002%048d' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_MAGIC_KEY}' >/dev/null");
 system("printf 'IDM1\\002%048d\\000\\310\\377\\377\\377\\377\\000\\000\\000\\001a' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_HUGE_KEY}' >/dev/null");
+# 2^31 headers in no bytes: 2 * n wrapped to 0 before the fuzzer found it
+system("printf 'IDM1\\002%048d\\000\\310\\200\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_WRAP_KEY}' >/dev/null");
 --- config
     location = /pay {
         idempotency on;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
 --- pipelined_requests eval
-["POST /pay\nx", "POST /pay\nx"]
+["POST /pay\nx", "POST /pay\nx", "POST /pay\nx"]
 --- more_headers eval
-["Idempotency-Key: redis-magic", "Idempotency-Key: redis-huge"]
+["Idempotency-Key: redis-magic", "Idempotency-Key: redis-huge",
+ "Idempotency-Key: redis-wrap"]
 --- error_code eval
-[503, 503]
+[503, 503, 503]
 --- no_error_log
 [alert]
 [crit]
