@@ -17,7 +17,9 @@ my $full = $ENV{TORTURE_FULL};
 my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $redis_sh = 'util/redis.sh';
 my ($backend_port, $fake_port, @edge_ports) = (19950, 19951, 19952, 19953);
-my $timeout_ms = 500;
+# under AddressSanitizer everything is several times slower
+my $slow = $ENV{TEST_ASAN} ? 4 : 1;
+my $timeout_ms = 500 * $slow;
 
 my $root = fleet_root('torture');
 
@@ -168,6 +170,11 @@ my $run = "r" . int(time);
 
     my $key = "$run-midbody";
     my $a = http_post($edge_ports[0], $key, 'x', '/fake/midbody');
+
+    # the release is sent as the request ends, after the client saw the
+    # connection close: a retry at once may still meet the claim (409,
+    # Retry-After: 1)
+    sleep 0.3;
     my $b = http_post($edge_ports[0], $key, 'x', '/fake/midbody');
     is("$a->{status} $b->{status}", "200 200", "mid-body: both got the header");
     my $hits = grep { /midbody/ } lines_of($hits_file);
@@ -240,9 +247,9 @@ sub load {
     my $up = time;
     my $rows = $done->();
 
-    my @slow = grep { $_->[2] > $timeout_ms / 1000 + 0.1 + 0.1 } @$rows;
+    my @slow = grep { $_->[2] > ($timeout_ms / 1000 + 0.2) * $slow } @$rows;
     my @bad = grep { $_->[1] != 200 && $_->[1] != 503 } @$rows;
-    my @late = grep { $_->[1] != 200 && $_->[0] > $up + 1 } @$rows;
+    my @late = grep { $_->[1] != 200 && $_->[0] > $up + $slow } @$rows;
     my @early = grep { $_->[1] != 200 && $_->[0] < $down - 0.05 } @$rows;
     ok(@$rows > 50, "kill -9: load ran (" . scalar(@$rows) . " requests)");
     is(scalar @bad, 0, "kill -9: only 200 or 503, no other failure")
@@ -269,8 +276,8 @@ sub load {
     kill 'CONT', $pid;
     my $t1 = time;
     my $rows = $done->();
-    my @slow = grep { $_->[2] > $timeout_ms / 1000 + 0.2 } @$rows;
-    my @late = grep { $_->[1] != 200 && $_->[0] > $t1 + 1 } @$rows;
+    my @slow = grep { $_->[2] > ($timeout_ms / 1000 + 0.2) * $slow } @$rows;
+    my @late = grep { $_->[1] != 200 && $_->[0] > $t1 + $slow } @$rows;
     my @bad = grep { $_->[1] != 200 && $_->[1] != 503 } @$rows;
     is(scalar @bad, 0, "stall: only 200 or 503");
     is(scalar @slow, 0, "stall: every answer within the redis timeout");

@@ -20,6 +20,7 @@ if [ -n "${TEST_ASAN:-}" ]; then
     # the stock nginx is not instrumented: preload the runtime; its own
     # leaks at exit are nginx's (pools freed by the OS), not ours
     rm -rf "$asan_dir"; mkdir -p "$asan_dir"
+    chmod 1777 "$asan_dir"        # workers run as nobody
     export TEST_NGINX_BINARY=$top/util/nginx-asan.sh
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:log_path=$asan_dir/asan}
 fi
