@@ -5,6 +5,7 @@
 #                   private Redis
 #   make test-asan  the same with the module built under AddressSanitizer
 #   make demo       a running demo with curl output
+#   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load and reload at full size (< 20 min)
 
 SHELL      := /bin/bash
@@ -17,7 +18,7 @@ EXTRA_CFLAGS ?=
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo torture clean
+.PHONY: all module deps test test-asan demo torture clean fuzz
 
 all: module
 
@@ -49,3 +50,7 @@ torture: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan t/servroot*
+
+fuzz: deps
+	$(MAKE) module
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh

@@ -1,0 +1,248 @@
+
+/*
+ * libFuzzer target for ngx_http_idempotency_record_decode()
+ * (src/ngx_http_idempotency_record.c): the input is a record as read back
+ * from Redis, copied into a malloc()ed buffer of exactly its size.
+ *
+ * Checked on every input:
+ *   - the result is NGX_OK or NGX_ERROR;
+ *   - on NGX_OK: state is claim, done or too-large; fingerprint and token
+ *     point into the head; a claim is exactly the head, a too-large record
+ *     the head and a status; for a done record 200 <= status <= 599,
+ *     headers <= headers_end <= body, body + body_len == data + len;
+ *   - walking rec->nheaders headers with
+ *     ngx_http_idempotency_record_next_header(), as the replay does
+ *     (reply.c), stays within [rec->headers, rec->headers_end) -- hence
+ *     within [data, data + len) -- never yields an empty name nor a CR, LF
+ *     or NUL, and ends exactly at rec->headers_end;
+ *   - the record is canonical: encoding the decoded fields again gives back
+ *     the input byte for byte (the format has no slack, so a decoder that
+ *     accepts something else has skipped or misread part of it).
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+#define fuzz_assert(cond, ...)                                                \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "fuzz_record: assertion \"%s\" failed at "        \
+                    "%s:%d: ", #cond, __FILE__, __LINE__);                    \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, "\n");                                            \
+            abort();                                                          \
+        }                                                                     \
+    } while (0)
+
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+
+/*
+ * record.c also holds the encoder, which needs these; the decoder must
+ * never call them
+ */
+
+void *
+ngx_pnalloc(ngx_pool_t *pool, size_t size)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to ngx_pnalloc()\n");
+    abort();
+}
+
+
+void
+ngx_strlow(u_char *dst, u_char *src, size_t n)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to ngx_strlow()\n");
+    abort();
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to "
+            "ngx_http_idempotency_store_header()\n");
+    abort();
+}
+
+
+static u_char *
+put32(u_char *p, uint64_t v)
+{
+    p[0] = (u_char) (v >> 24);
+    p[1] = (u_char) (v >> 16);
+    p[2] = (u_char) (v >> 8);
+    p[3] = (u_char) v;
+
+    return p + 4;
+}
+
+
+static int
+in_range(const u_char *p, size_t n, const u_char *start, const u_char *end)
+{
+    return p >= start && p <= end && n <= (size_t) (end - p);
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    u_char                         *buf, *last, *p, *enc, *e;
+    size_t                          i;
+    ngx_int_t                       rc;
+    ngx_str_t                       name, value;
+    ngx_http_idempotency_record_t   rec;
+
+    /* exactly size bytes: ASan flags any access past the record */
+    buf = malloc(size);
+    if (buf == NULL && size) {
+        abort();
+    }
+
+    memcpy(buf, data, size);
+    last = buf + size;
+
+    memset(&rec, 0xa5, sizeof(rec));
+
+    rc = ngx_http_idempotency_record_decode(buf, size, &rec);
+
+    fuzz_assert(rc == NGX_OK || rc == NGX_ERROR, "rc %ld", (long) rc);
+    fuzz_assert(memcmp(buf, data, size) == 0, "the decoder modified the data");
+
+    if (rc != NGX_OK) {
+        free(buf);
+        return 0;
+    }
+
+    fuzz_assert(size >= NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+                && memcmp(buf, NGX_HTTP_IDEMPOTENCY_MAGIC, 4) == 0,
+                "accepted without a head");
+    fuzz_assert(rec.state == buf[4], "state %lu", (unsigned long) rec.state);
+    fuzz_assert(rec.fingerprint == buf + 5, "fingerprint misplaced");
+    fuzz_assert(rec.token == buf + 5 + NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                "token misplaced");
+
+    switch (rec.state) {
+
+    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
+        fuzz_assert(size == NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
+                    "claim of %zu bytes", size);
+        free(buf);
+        return 0;
+
+    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
+        fuzz_assert(size == NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2,
+                    "too-large record of %zu bytes", size);
+        fuzz_assert(rec.status == ((ngx_uint_t) buf[53] << 8 | buf[54]),
+                    "status %lu", (unsigned long) rec.status);
+        free(buf);
+        return 0;
+
+    case NGX_HTTP_IDEMPOTENCY_REC_DONE:
+        break;
+
+    default:
+        fuzz_assert(0, "accepted state %lu", (unsigned long) rec.state);
+    }
+
+    fuzz_assert(rec.status >= 200 && rec.status <= 599,
+                "status %lu", (unsigned long) rec.status);
+    fuzz_assert(rec.headers == buf + NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 6,
+                "headers misplaced");
+    fuzz_assert(rec.headers <= rec.headers_end && rec.headers_end <= last,
+                "headers_end outside the record");
+    fuzz_assert(rec.body == rec.headers_end + 8, "body misplaced");
+    fuzz_assert(rec.body >= buf && rec.body <= last
+                && rec.body + rec.body_len == last,
+                "body + body_len != data + len (body at +%td, %zu bytes, "
+                "record of %zu)", rec.body - buf, rec.body_len, size);
+
+    /* the walk the replay does (reply.c) */
+
+    p = rec.headers;
+
+    for (i = 0; i < rec.nheaders; i++) {
+        /* a header is at least two 4-byte lengths */
+        fuzz_assert(rec.headers_end - p >= 8,
+                    "walk runs past headers_end: rec->nheaders is %lu but "
+                    "the header region (%td bytes) ends after %zu headers",
+                    (unsigned long) rec.nheaders,
+                    rec.headers_end - rec.headers, i);
+
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        fuzz_assert(in_range(name.data, name.len, rec.headers, rec.headers_end)
+                    && in_range(name.data, name.len, buf, last),
+                    "header %zu: name outside the header region", i);
+        fuzz_assert(in_range(value.data, value.len, rec.headers,
+                             rec.headers_end)
+                    && in_range(value.data, value.len, buf, last),
+                    "header %zu: value outside the header region", i);
+        fuzz_assert(p <= rec.headers_end,
+                    "header %zu ends past headers_end", i);
+        fuzz_assert(name.len > 0, "header %zu: empty name", i);
+        fuzz_assert(memchr(name.data, '\r', name.len) == NULL
+                    && memchr(name.data, '\n', name.len) == NULL
+                    && memchr(name.data, '\0', name.len) == NULL
+                    && memchr(value.data, '\r', value.len) == NULL
+                    && memchr(value.data, '\n', value.len) == NULL
+                    && memchr(value.data, '\0', value.len) == NULL,
+                    "header %zu: CR, LF or NUL", i);
+    }
+
+    fuzz_assert(p == rec.headers_end,
+                "the walk of %lu headers ends %td bytes before headers_end",
+                (unsigned long) rec.nheaders, rec.headers_end - p);
+
+    /* encode the decoded fields again: must give back the input */
+
+    enc = malloc(size);
+    if (enc == NULL) {
+        abort();
+    }
+
+    e = enc;
+    memcpy(e, NGX_HTTP_IDEMPOTENCY_MAGIC, 4);
+    e += 4;
+    *e++ = (u_char) rec.state;
+    memcpy(e, rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    e += NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+    memcpy(e, rec.token, NGX_HTTP_IDEMPOTENCY_TOKEN_LEN);
+    e += NGX_HTTP_IDEMPOTENCY_TOKEN_LEN;
+    *e++ = (u_char) (rec.status >> 8);
+    *e++ = (u_char) rec.status;
+    e = put32(e, rec.nheaders);
+
+    p = rec.headers;
+
+    for (i = 0; i < rec.nheaders; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+        e = put32(e, name.len);
+        memcpy(e, name.data, name.len);
+        e += name.len;
+        e = put32(e, value.len);
+        memcpy(e, value.data, value.len);
+        e += value.len;
+    }
+
+    e = put32(e, (uint64_t) rec.body_len >> 32);
+    e = put32(e, rec.body_len);
+    memcpy(e, rec.body, rec.body_len);
+    e += rec.body_len;
+
+    fuzz_assert(e == enc + size && memcmp(enc, buf, size) == 0,
+                "re-encoding the decoded record differs from the input");
+
+    free(enc);
+    free(buf);
+
+    return 0;
+}

@@ -1,0 +1,435 @@
+
+/*
+ * libFuzzer round trip through src/ngx_http_idempotency_record.c: a
+ * response built from the input is serialised with
+ * ngx_http_idempotency_record_header() (+ the body the way filter.c adds
+ * it), then read back with ngx_http_idempotency_record_decode().
+ *
+ * Input:
+ *   byte 0      bit 0: Content-Type set, bit 1: a status line set,
+ *               bits 2-3: 0 body with Content-Length, 1 body of unknown
+ *               length (chunks), 2 header-only response (HEAD, 204)
+ *   bytes 1-2   status, 200 + n % 400
+ *   bytes 3-4   idempotency_store_max_size
+ *   the rest    fields split on LF: [Content-Type] [status line]
+ *               name value name value ... body (the last field)
+ *               A name starting with 0x7f is a deleted header (hash 0).
+ *
+ * Checked: record_header() declines exactly when the head, or the head and
+ * the announced body, exceed store_max_size; otherwise it writes exactly the
+ * computed size, and the record decodes to the status, the headers nginx
+ * would keep (not hop-by-hop, not proxy-*, not hidden, name <= 256 bytes,
+ * Content-Type and status line first) in order, and the body -- unless a
+ * stored name or value holds CR or NUL, which the decoder (rightly) refuses:
+ * then it must say NGX_ERROR.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ctype.h>
+
+
+#define fuzz_assert(cond, ...)                                                \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "fuzz_roundtrip: assertion \"%s\" failed at "     \
+                    "%s:%d: ", #cond, __FILE__, __LINE__);                    \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, "\n");                                            \
+            abort();                                                          \
+        }                                                                     \
+    } while (0)
+
+
+#define MAX_FIELDS   64
+#define PART_NALLOC  3
+
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+
+static ngx_pool_t  *fake_pool = (ngx_pool_t *) "pool";
+static void        *allocs[4];
+static ngx_uint_t   nallocs;
+
+
+/* exact-size allocations, so that ASan sees a write past the record */
+
+void *
+ngx_pnalloc(ngx_pool_t *pool, size_t size)
+{
+    void  *p;
+
+    fuzz_assert(pool == fake_pool, "ngx_pnalloc() with another pool");
+    fuzz_assert(nallocs < 4, "too many allocations");
+
+    p = malloc(size);
+    if (p == NULL) {
+        abort();
+    }
+
+    allocs[nallocs++] = p;
+
+    return p;
+}
+
+
+void
+ngx_strlow(u_char *dst, u_char *src, size_t n)
+{
+    while (n) {
+        *dst = ngx_tolower(*src);
+        dst++;
+        src++;
+        n--;
+    }
+}
+
+
+/* the default: set-cookie hidden; also hide x-hide-* for the test */
+
+ngx_uint_t
+ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
+{
+    if (lowcase->len == 10 && memcmp(lowcase->data, "set-cookie", 10) == 0) {
+        return 0;
+    }
+
+    if (lowcase->len >= 6 && memcmp(lowcase->data, "x-hide", 6) == 0) {
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/* the harness's own idea of what is stored */
+
+static int
+stored(ngx_table_elt_t *h)
+{
+    size_t       i;
+    u_char       low[256];
+    ngx_str_t    s;
+
+    static const char  *skip[] = {
+        "connection", "keep-alive", "te", "trailer", "transfer-encoding",
+        "upgrade", "content-length", "date", "server", "idempotent-replayed",
+        NULL
+    };
+
+    if (h->hash == 0 || h->key.len == 0 || h->key.len > 256) {
+        return 0;
+    }
+
+    for (i = 0; i < h->key.len; i++) {
+        low[i] = (u_char) tolower(h->key.data[i]);
+    }
+
+    if (h->key.len > 6 && memcmp(low, "proxy-", 6) == 0) {
+        return 0;
+    }
+
+    for (i = 0; skip[i]; i++) {
+        if (strlen(skip[i]) == h->key.len
+            && memcmp(skip[i], low, h->key.len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    s.len = h->key.len;
+    s.data = low;
+
+    return ngx_http_idempotency_store_header(NULL, &s) ? 1 : 0;
+}
+
+
+static int
+bad_bytes(ngx_str_t *s)
+{
+    return memchr(s->data, '\r', s->len) != NULL
+           || memchr(s->data, '\0', s->len) != NULL;
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    u_char                           *copy, *p, *last, *rec_data, *q;
+    u_char                            head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    size_t                            i, nfields, head_size, rec_len, nexp;
+    ngx_int_t                         rc;
+    ngx_uint_t                        flags, mode, nh;
+    ngx_str_t                         fields[MAX_FIELDS], body, name, value;
+    ngx_str_t                         exp_name[MAX_FIELDS], exp_value[MAX_FIELDS];
+    ngx_list_part_t                  *part, parts[MAX_FIELDS];
+    ngx_table_elt_t                  *h, elts[MAX_FIELDS];
+    ngx_http_request_t               *r;
+    ngx_http_idempotency_record_t     rec;
+    ngx_http_idempotency_capture_t    cap;
+    ngx_http_idempotency_loc_conf_t   conf;
+    int                               bad;
+
+    if (size < 5) {
+        return 0;
+    }
+
+    flags = data[0];
+    mode = (flags >> 2) & 3;
+
+    if (mode == 3) {
+        return 0;
+    }
+
+    copy = malloc(size - 5);
+    if (copy == NULL && size > 5) {
+        abort();
+    }
+
+    memcpy(copy, data + 5, size - 5);
+
+    /* split on LF */
+
+    nfields = 0;
+    p = copy;
+    last = copy + (size - 5);
+
+    for ( ;; ) {
+        q = memchr(p, '\n', last - p);
+
+        if (nfields == MAX_FIELDS) {
+            break;
+        }
+
+        fields[nfields].data = p;
+        fields[nfields].len = (q ? q : last) - p;
+        nfields++;
+
+        if (q == NULL) {
+            break;
+        }
+
+        p = q + 1;
+    }
+
+    r = calloc(1, sizeof(ngx_http_request_t));
+    if (r == NULL) {
+        abort();
+    }
+
+    r->pool = fake_pool;
+    r->headers_out.status = 200 + (((ngx_uint_t) data[1] << 8 | data[2]) % 400);
+
+    ngx_memzero(&conf, sizeof(conf));
+    conf.store_max_size = (size_t) data[3] << 8 | data[4];
+
+    i = 0;
+
+    if ((flags & 1) && i < nfields) {
+        r->headers_out.content_type = fields[i++];
+    }
+
+    if ((flags & 2) && i < nfields) {
+        r->headers_out.status_line = fields[i++];
+    }
+
+    /* the last field is the body; the ones before it pairs of headers */
+
+    body.len = 0;
+    body.data = NULL;
+
+    if (i < nfields) {
+        body = fields[--nfields];
+    }
+
+    nh = 0;
+
+    for ( /* void */ ; i + 1 < nfields; i += 2) {
+        h = &elts[nh];
+        h->key = fields[i];
+        h->value = fields[i + 1];
+        h->hash = (h->key.len && h->key.data[0] == 0x7f) ? 0 : 1;
+        h->lowcase_key = NULL;
+        nh++;
+    }
+
+    /* the headers list, in parts of PART_NALLOC as ngx_list_push makes them */
+
+    r->headers_out.headers.part.elts = elts;
+    r->headers_out.headers.part.nelts = ngx_min(nh, PART_NALLOC);
+    r->headers_out.headers.part.next = NULL;
+    r->headers_out.headers.size = sizeof(ngx_table_elt_t);
+    r->headers_out.headers.nalloc = PART_NALLOC;
+    r->headers_out.headers.pool = fake_pool;
+    part = &r->headers_out.headers.part;
+
+    for (i = PART_NALLOC; i < nh; i += PART_NALLOC) {
+        parts[i].elts = &elts[i];
+        parts[i].nelts = ngx_min(nh - i, PART_NALLOC);
+        parts[i].next = NULL;
+        part->next = &parts[i];
+        part = &parts[i];
+    }
+
+    r->headers_out.headers.last = part;
+
+    /* what should be stored */
+
+    nexp = 0;
+    bad = 0;
+    head_size = NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 + 4 + 8;
+
+    if (r->headers_out.content_type.len) {
+        exp_name[nexp].data = (u_char *) "Content-Type";
+        exp_name[nexp].len = 12;
+        exp_value[nexp++] = r->headers_out.content_type;
+    }
+
+    if (r->headers_out.status_line.len) {
+        exp_name[nexp].data = (u_char *) ":status-line";
+        exp_name[nexp].len = 12;
+        exp_value[nexp++] = r->headers_out.status_line;
+    }
+
+    for (i = 0; i < nh; i++) {
+        if (stored(&elts[i])) {
+            exp_name[nexp] = elts[i].key;
+            exp_value[nexp++] = elts[i].value;
+        }
+    }
+
+    for (i = 0; i < nexp; i++) {
+        head_size += 8 + exp_name[i].len + exp_value[i].len;
+        bad |= bad_bytes(&exp_name[i]) | bad_bytes(&exp_value[i]);
+    }
+
+    /* record_header(), as the header filter calls it */
+
+    for (i = 0; i < sizeof(head); i++) {
+        head[i] = (u_char) (i * 7 + 1);
+    }
+
+    memcpy(head, NGX_HTTP_IDEMPOTENCY_MAGIC, 4);
+    head[4] = NGX_HTTP_IDEMPOTENCY_REC_CLAIM;
+
+    ngx_memzero(&cap, sizeof(cap));
+    cap.expected = (mode == 1) ? -1 : (off_t) body.len;
+    nallocs = 0;
+
+    rc = ngx_http_idempotency_record_header(r, &conf, &cap, head);
+
+    fuzz_assert(rc == NGX_OK || rc == NGX_DECLINED, "rc %ld", (long) rc);
+
+    if (head_size > conf.store_max_size
+        || (cap.expected > 0
+            && (size_t) cap.expected > conf.store_max_size - head_size))
+    {
+        fuzz_assert(rc == NGX_DECLINED,
+                    "head of %zu bytes and body of %ld fit in %zu?",
+                    head_size, (long) cap.expected, conf.store_max_size);
+        goto done;
+    }
+
+    fuzz_assert(rc == NGX_OK, "declined a head of %zu bytes and a body of "
+                "%ld in %zu", head_size, (long) cap.expected,
+                conf.store_max_size);
+    fuzz_assert(nallocs == 1, "%lu allocations", (unsigned long) nallocs);
+    fuzz_assert(cap.last - cap.start == (ptrdiff_t) head_size,
+                "head of %td bytes, expected %zu", cap.last - cap.start,
+                head_size);
+
+    /* the body, as the body filter and ngx_http_idempotency_store() add it */
+
+    switch (mode) {
+
+    case 0:
+        fuzz_assert(cap.end - cap.last == (ptrdiff_t) body.len,
+                    "room for %td body bytes, expected %zu",
+                    cap.end - cap.last, body.len);
+        if (body.len) {
+            cap.last = ngx_cpymem(cap.last, body.data, body.len);
+        }
+        cap.body_len = body.len;
+        rec_data = cap.start;
+        rec_len = cap.end - cap.start;
+        break;
+
+    case 1:
+        cap.body_len = body.len;
+        rec_len = head_size + body.len;
+        rec_data = ngx_pnalloc(fake_pool, rec_len);
+        q = ngx_cpymem(rec_data, cap.start, head_size);
+        if (body.len) {
+            ngx_memcpy(q, body.data, body.len);
+        }
+        ngx_http_idempotency_record_set_body_len(&cap, rec_data + head_size);
+        break;
+
+    default: /* header only */
+        cap.expected = 0;
+        cap.end = cap.last;
+        ngx_http_idempotency_record_set_body_len(&cap, cap.last);
+        body.len = 0;
+        rec_data = cap.start;
+        rec_len = cap.end - cap.start;
+        break;
+    }
+
+    rc = ngx_http_idempotency_record_decode(rec_data, rec_len, &rec);
+
+    if (bad) {
+        fuzz_assert(rc == NGX_ERROR,
+                    "a header with CR or NUL decoded");
+        goto done;
+    }
+
+    fuzz_assert(rc == NGX_OK, "a record of %zu bytes does not decode",
+                rec_len);
+    fuzz_assert(rec.state == NGX_HTTP_IDEMPOTENCY_REC_DONE, "state %lu",
+                (unsigned long) rec.state);
+    fuzz_assert(memcmp(rec.fingerprint, head + 5,
+                       NGX_HTTP_IDEMPOTENCY_HASH_LEN) == 0
+                && memcmp(rec.token, head + 5 + NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                          NGX_HTTP_IDEMPOTENCY_TOKEN_LEN) == 0,
+                "fingerprint or token changed");
+    fuzz_assert(rec.status == r->headers_out.status, "status %lu, not %lu",
+                (unsigned long) rec.status,
+                (unsigned long) r->headers_out.status);
+    fuzz_assert(rec.nheaders == nexp, "%lu headers, expected %zu",
+                (unsigned long) rec.nheaders, nexp);
+
+    p = rec.headers;
+
+    for (i = 0; i < nexp; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        fuzz_assert(name.len == exp_name[i].len
+                    && memcmp(name.data, exp_name[i].data, name.len) == 0
+                    && value.len == exp_value[i].len
+                    && memcmp(value.data, exp_value[i].data, value.len) == 0,
+                    "header %zu differs", i);
+    }
+
+    fuzz_assert(p == rec.headers_end, "headers end misplaced");
+    fuzz_assert(rec.body_len == body.len
+                && (body.len == 0
+                    || memcmp(rec.body, body.data, body.len) == 0),
+                "body differs (%zu bytes, expected %zu)", rec.body_len,
+                body.len);
+
+done:
+
+    for (i = 0; i < nallocs; i++) {
+        free(allocs[i]);
+    }
+
+    free(r);
+    free(copy);
+
+    return 0;
+}

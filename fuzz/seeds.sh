@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Writes the hand-made seed inputs into fuzz/corpus/<target>/seed-*.
+# The committed corpora are these seeds plus what the fuzzers found,
+# minimised with -merge=1 (./fuzz/run.sh --merge); rerun this only to
+# start over.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+k=corpus/key r=corpus/record t=corpus/roundtrip
+mkdir -p "$k" "$r" "$t"
+
+# --- key: byte 0 is max - 1 (0xff: 1024), then the header value -----------
+key() { perl -e 'print pack("C", shift), shift' "$1" "$2" > "$k/seed-$3"; }
+key 254 'abc'                                   token
+key 254 '8e0bd6c4-04a1-4a9f-9d2c-61a1f2e1b7c3'  uuid
+key 35  '8e0bd6c4-04a1-4a9f-9d2c-61a1f2e1b7c3'  uuid-max36
+key 34  '8e0bd6c4-04a1-4a9f-9d2c-61a1f2e1b7c3'  uuid-max35
+key 254 '"abc"'                                 sf-string
+key 254 '"a b\"c\\\\d"'                         sf-escapes
+key 254 '"\""'                                  sf-quote
+key 254 '""'                                    sf-empty
+key 254 '"abc'                                  sf-unterminated
+key 254 '"abc"x'                                sf-trailing
+key 254 '"a\x"'                                 sf-bad-escape
+key 254 '"abc\'                                 sf-backslash-end
+key 254 'a,b'                                   comma
+key 254 'a b'                                   space
+key 254 "$(printf 'ab\tc')"                     tab
+key 0   'ab'                                    max1
+key 255 "$(perl -e 'print "k" x 300')"          long
+perl -e 'print "\xfe", "\"ab\x7f\""' > "$k/seed-del"
+perl -e 'print "\xfe", "ab\x80"'     > "$k/seed-8bit"
+printf '\x10' > "$k/seed-empty"
+
+# --- records: "IDM1" | state | fingerprint[32] | token[16] | ... -----------
+head() { perl -e 'printf "IDM1%c%s%s", $ARGV[0], "F" x 32, "T" x 16' "$1"; }
+
+head 1 > "$r/seed-claim"
+{ head 3; printf '\x01\xf5'; } > "$r/seed-too-large-501"
+{ head 2; perl -e 'print pack("nN", 200, 2),
+    pack("N/a*N/a*", "Content-Type", "application/json"),
+    pack("N/a*N/a*", "Location", "/v1/charges/ch_1"),
+    pack("NN", 0, 14), q({"id":"ch_1"}) . "\n"'; } > "$r/seed-done-2h"
+{ head 2; perl -e 'print pack("nN", 201, 0), pack("NN", 0, 0)'; } \
+    > "$r/seed-done-empty"
+{ head 2; perl -e 'print pack("nN", 422, 1),
+    pack("N/a*N/a*", ":status-line", "422 Unprocessable"),
+    pack("NN", 0, 2), "no"'; } > "$r/seed-done-status-line"
+{ head 2; perl -e 'print pack("nN", 204, 1), pack("N/a*N", "X-Empty", 0),
+    pack("NN", 0, 0)'; } > "$r/seed-done-empty-value"
+head 4 > "$r/seed-bad-state"
+{ head 1; printf 'x'; } > "$r/seed-claim-trailing"
+
+# --- round trip: flags | status(2) | store_max_size(2) | fields on LF ------
+rt() { perl -e 'print pack("Cnn", @ARGV[0..2]), join("\n", @ARGV[3..$#ARGV])' "$@"; }
+rt 3 0     4096 'application/json' '200 OK' 'Location' '/v1/x' 'X-Id' '7' \
+    '{"ok":true}'                                         > "$t/seed-known"
+rt 5 1     4096 'text/plain' 'Set-Cookie' 'a=b' 'Connection' 'close' \
+    'Proxy-Foo' '1' 'ETag' '"x"' 'chunked body'           > "$t/seed-unknown"
+rt 8 4     4096 'X-A' '1' 'body of a HEAD'                > "$t/seed-header-only"
+rt 1 0     60   'text/plain' 'too large'                  > "$t/seed-declined"
+rt 0 222   4096 "$(printf '\x7fdeleted')" 'v' 'Date' 'x' 'CONTENT-LENGTH' '9' \
+    'x-hide-me' 'y' 'te' 'z' ''                           > "$t/seed-skipped"
