@@ -37,14 +37,13 @@ ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
 ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 
 
+/* safe methods (GET, HEAD, OPTIONS) change nothing: nothing to protect */
+
 static ngx_conf_bitmask_t  ngx_http_idempotency_methods_mask[] = {
-    { ngx_string("GET"), NGX_HTTP_GET },
-    { ngx_string("HEAD"), NGX_HTTP_HEAD },
     { ngx_string("POST"), NGX_HTTP_POST },
     { ngx_string("PUT"), NGX_HTTP_PUT },
     { ngx_string("DELETE"), NGX_HTTP_DELETE },
     { ngx_string("PATCH"), NGX_HTTP_PATCH },
-    { ngx_string("OPTIONS"), NGX_HTTP_OPTIONS },
     { ngx_null_string, 0 }
 };
 
