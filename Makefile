@@ -18,7 +18,7 @@ EXTRA_CFLAGS ?=
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo torture clean fuzz
+.PHONY: all module deps test test-asan demo bench torture clean fuzz
 
 all: module
 
@@ -42,6 +42,10 @@ test-asan: deps
 demo: deps
 	$(MAKE) module
 	./demo/run.sh "$(MODULE)"
+
+bench: deps
+	$(MAKE) module
+	./bench/run.sh "$(MODULE)"
 
 torture: deps
 	$(MAKE) module

@@ -1,0 +1,856 @@
+#!/usr/bin/env bash
+# bench/run.sh MODULE.so: the cost of ngx_http_idempotency_module, measured
+# against the same nginx without it (`make bench`; method and figures in
+# docs/performance.md).
+#
+# Starts a private Redis, a cheap upstream nginx (201 {"id":"ok"}), an edge
+# nginx doing plain proxy_pass ("plain") and an identical edge with the
+# module ("module"), then runs wrk against plain and module in alternation,
+# round after round, for these scenarios (2 threads, 32 connections):
+#
+#   fresh         POST, 200-byte JSON body, a new Idempotency-Key every time
+#   replay        POST repeating 16 keys stored beforehand
+#   bypass        GET (not a protected method)
+#   large-fresh   POST, 64 KB body, 256 KB response, new keys
+#   large-replay  the same, repeating 4 keys stored beforehand
+#   sweep         fresh at 32, 256 and 1024 connections
+#
+# It checks correctness while it measures: no socket errors or timeouts,
+# every response a 201 and, on the module edge, $idempotency_status the one
+# the scenario expects (both edges log only the requests that are not what
+# the scenario expects); the upstream sees each fresh key once, every
+# completed request once, and no request at all on module replays; no nginx
+# worker died; nothing at [error] or worse in the edge's error log.  Per run
+# it reads nginx, upstream, Redis and whole-machine CPU time from /proc, the
+# edge's request count from stub_status and Redis INFO commandstats.  It
+# exits non-zero only when a correctness check fails, never for a missed
+# performance target.
+#
+# Environment: BENCH_QUICK=1 (1 round of 3 s per scenario, a smoke run),
+# BENCH_ROUNDS (3), BENCH_DURATION (10 s: fresh, replay, bypass),
+# BENCH_LARGE_DURATION (4), BENCH_SWEEP_DURATION (4), BENCH_SWEEP_CONNS
+# ("32 256 1024"), BENCH_SCENARIOS ("fresh replay bypass large-fresh
+# large-replay sweep"), BENCH_UPSTREAM_WORKERS (2), BENCH_DIR
+# (/tmp/ngx-idempotency-bench), BENCH_UPSTREAM_PORT (18101),
+# BENCH_PLAIN_PORT (18102), BENCH_MODULE_PORT (18103), BENCH_REDIS_PORT
+# (16500), NGINX (/usr/sbin/nginx).  Results stay in BENCH_DIR: report.txt,
+# runs.tsv (one line per wrk run), summary.tsv, wrk/ (raw wrk output and
+# Redis time per command of each run), the nginx logs.
+#
+# The machine is shared by wrk, three nginx and Redis: on a small box the
+# throughput is bounded by the CPU all of them need per request, which is
+# why the whole machine's CPU per request ("box") is reported too.
+set -euo pipefail
+
+if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+    echo "usage: $0 path/to/ngx_http_idempotency_module.so" >&2
+    exit 2
+fi
+
+module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+NGINX=${NGINX:-/usr/sbin/nginx}
+DIR=${BENCH_DIR:-/tmp/ngx-idempotency-bench}
+UPSTREAM_PORT=${BENCH_UPSTREAM_PORT:-18101}
+PLAIN_PORT=${BENCH_PLAIN_PORT:-18102}
+MODULE_PORT=${BENCH_MODULE_PORT:-18103}
+REDIS_PORT=${BENCH_REDIS_PORT:-16500}
+UPSTREAM_WORKERS=${BENCH_UPSTREAM_WORKERS:-2}
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+    d_rounds=1 d_dur=3 d_large=3 d_sweep=3 WARMUP=1
+else
+    d_rounds=3 d_dur=10 d_large=4 d_sweep=4 WARMUP=2
+fi
+
+ROUNDS=${BENCH_ROUNDS:-$d_rounds}
+DURATION=${BENCH_DURATION:-$d_dur}
+LARGE_DURATION=${BENCH_LARGE_DURATION:-$d_large}
+SWEEP_DURATION=${BENCH_SWEEP_DURATION:-$d_sweep}
+SWEEP_CONNS=${BENCH_SWEEP_CONNS:-32 256 1024}
+SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay sweep}
+THREADS=2
+CONNS=32
+REPLAY_KEYS=16
+LARGE_REPLAY_KEYS=4
+SMALL_BODY=200
+LARGE_BODY=65536
+LARGE_RESPONSE=262144
+
+for t in wrk redis-server redis-cli curl; do
+    command -v "$t" >/dev/null || {
+        echo "missing $t (make deps installs what the bench needs)" >&2; exit 1; }
+done
+[ -x "$NGINX" ] || { echo "missing $NGINX" >&2; exit 1; }
+
+CLK_TCK=$(getconf CLK_TCK)
+NCPU=$(nproc)
+export REDIS_DIR=$DIR/redis
+
+# --- process management -----------------------------------------------------
+
+wrk_pid=
+monitor_pid=
+declare -A PIDS
+
+master_pid() {
+    local pid
+    pid=$(cat "$DIR/$1/nginx.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = nginx ]; then
+        echo "$pid"
+    fi
+}
+
+# the master and its workers
+nginx_pids() {
+    local m
+    m=$(master_pid "$1")
+    [ -n "$m" ] || return 0
+    echo "$m"
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } \
+        | sed -E 's/^([0-9]+) \(.*\) /\1 /' \
+        | awk -v m="$m" '$3 == m { print $1 }'
+}
+
+# fast shutdown: nothing here needs a graceful one
+stop_nginx() {
+    local pid
+    pid=$(master_pid "$1")
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    rm -f "$DIR/$1/nginx.pid"
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -n "$wrk_pid" ] && kill "$wrk_pid" 2>/dev/null || true
+    [ -n "$monitor_pid" ] && kill "$monitor_pid" 2>/dev/null || true
+    for n in module plain upstream; do
+        stop_nginx "$n"
+    done
+    ./util/redis.sh stop "$REDIS_PORT" >/dev/null 2>&1 || true
+    exit "$rc"
+}
+
+port_busy() {
+    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
+}
+
+# leftovers of an interrupted earlier run
+for n in module plain upstream; do
+    stop_nginx "$n"
+done
+./util/redis.sh stop "$REDIS_PORT" >/dev/null 2>&1 || true
+
+for p in "$UPSTREAM_PORT" "$PLAIN_PORT" "$MODULE_PORT" "$REDIS_PORT"; do
+    if port_busy "$p"; then
+        echo "port $p is in use; set BENCH_UPSTREAM_PORT, BENCH_PLAIN_PORT," \
+             "BENCH_MODULE_PORT or BENCH_REDIS_PORT" >&2
+        exit 1
+    fi
+done
+
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+rm -rf "$DIR"
+mkdir -p "$DIR"/{upstream,plain,module,wrk,www,redis}
+
+# --- request bodies and the large response ----------------------------------
+
+# body FILE SIZE: a JSON object of exactly SIZE bytes
+body() {
+    local head='{"amount":1000,"currency":"EUR","customer":"cus_bench","description":"'
+    local pad=$(($2 - ${#head} - 2))
+    { printf '%s' "$head"; head -c "$pad" /dev/zero | tr '\0' x; printf '"}'; } > "$1"
+}
+
+body "$DIR/body-small.json" "$SMALL_BODY"
+body "$DIR/body-large.json" "$LARGE_BODY"
+body "$DIR/www/large.json" "$LARGE_RESPONSE"
+
+# --- configuration ----------------------------------------------------------
+
+cat > "$DIR/upstream/nginx.conf" <<EOF
+# the stand-in API: as cheap as nginx can answer, so it is not what is measured
+worker_processes $UPSTREAM_WORKERS;
+worker_rlimit_nofile 16384;
+pid $DIR/upstream/nginx.pid;
+error_log $DIR/upstream/error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    log_format keys '\$http_idempotency_key';
+    client_body_buffer_size 128k;
+
+    server {
+        listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
+
+        # one line per request that reached the upstream, flushed by USR1
+        access_log $DIR/upstream/requests.log keys buffer=256k;
+
+        location / {
+            default_type application/json;
+            return 201 '{"id":"ok"}';
+        }
+
+        # a 256 KB answer to a POST: error_page turns the 405 into a 201
+        # carrying the file (an internal redirect makes it a GET)
+        location = /large {
+            error_page 405 =201 /large.json;
+            return 405;
+        }
+
+        location = /large.json {
+            internal;
+            root $DIR/www;
+            default_type application/json;
+        }
+    }
+}
+EOF
+
+# edge NAME PORT LOAD_MODULE MAP_INPUT MAP_KEYS LOCATION_EXTRA
+edge_conf() {
+    cat > "$DIR/$1/nginx.conf" <<EOF
+$3
+worker_processes 1;
+worker_rlimit_nofile 16384;
+pid $DIR/$1/nginx.pid;
+error_log $DIR/$1/error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+
+    # only requests that are not what the scenario expects are logged
+    map "$4" \$bench_bad {
+$5
+        default 1;
+    }
+    log_format bad '\$status "$4" \$request_method \$uri '
+                   '\$http_idempotency_key';
+
+    upstream backend {
+        server 127.0.0.1:$UPSTREAM_PORT;
+        keepalive 32;
+    }
+
+    # the 64 KB request and the 256 KB response stay in memory on both edges
+    client_body_buffer_size 128k;
+    proxy_buffer_size 16k;
+    proxy_buffers 32 16k;
+    proxy_busy_buffers_size 64k;
+
+    server {
+        listen 127.0.0.1:$2 backlog=4096;
+
+        # the bench reads the number of requests the edge handled here
+        location = /bench-status {
+            stub_status;
+        }
+
+        location / {
+            access_log $DIR/$1/bad.log bad if=\$bench_bad;
+$6
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://backend;
+        }
+    }
+}
+EOF
+}
+
+edge_conf plain "$PLAIN_PORT" "" \
+    '$status $http_x_bench_expect' \
+    '        "201 new" 0; "201 replay" 0; "201 bypass" 0;' \
+    ""
+
+edge_conf module "$MODULE_PORT" "load_module $module;" \
+    '$status $http_x_bench_expect $idempotency_status' \
+    '        "201 new new" 0; "201 replay replay" 0; "201 bypass bypass" 0;' \
+    "            idempotency on;
+            idempotency_redis 127.0.0.1:$REDIS_PORT;"
+
+./util/redis.sh start "$REDIS_PORT" >/dev/null
+REDIS_PID=$(cat "$REDIS_DIR/redis.pid")
+
+for n in upstream plain module; do
+    cmd=("$NGINX" -p "$DIR/$n/" -c "$DIR/$n/nginx.conf" -e "$DIR/$n/error.log")
+    if ! "${cmd[@]}" -q -t || ! "${cmd[@]}"; then
+        echo "nginx ($n) did not start; see $DIR/$n/error.log" >&2
+        tail -5 "$DIR/$n/error.log" >&2 || true
+        exit 1
+    fi
+done
+
+for p in "$UPSTREAM_PORT" "$PLAIN_PORT" "$MODULE_PORT"; do
+    for _ in $(seq 50); do
+        port_busy "$p" && break
+        sleep 0.1
+    done
+done
+
+for n in upstream plain module; do
+    PIDS[$n]=$(nginx_pids "$n" | tr '\n' ' ')
+done
+UPSTREAM_MASTER=$(master_pid upstream)
+
+port_of() { [ "$1" = plain ] && echo "$PLAIN_PORT" || echo "$MODULE_PORT"; }
+
+# --- measurement helpers ----------------------------------------------------
+#
+# Process creation costs ~20 ms on a small VM, so the per-run bookkeeping
+# talks to nginx and Redis with bash's /dev/tcp and reads /proc in one awk.
+
+# edge_requests PORT: the edge's stub_status request counter (this read
+# included), into $HANDLED
+edge_requests() {
+    local line
+    HANDLED=-1
+    exec 3<>"/dev/tcp/127.0.0.1/$1"
+    printf 'GET /bench-status HTTP/1.0\r\n\r\n' >&3
+    while IFS= read -r -t 5 line <&3; do
+        if [[ $line =~ ^\ ([0-9]+)\ ([0-9]+)\ ([0-9]+) ]]; then
+            HANDLED=${BASH_REMATCH[3]}
+        fi
+    done
+    exec 3<&-
+}
+
+# redis CMD...: inline commands to the bench's Redis, the reply lines
+# (without CR) to stdout
+redis() {
+    local line
+    exec 4<>"/dev/tcp/127.0.0.1/$REDIS_PORT"
+    printf '%s\r\n' "$@" QUIT >&4
+    while IFS= read -r -t 30 line <&4; do
+        printf '%s\n' "${line%$'\r'}"
+    done
+    exec 4<&-
+}
+
+redis_reset() {
+    redis FLUSHALL > /dev/null
+}
+
+# snapshot FILE SIDE: the counters of a run as "name value" lines:
+# machine busy/total jiffies, CPU ticks of the edge (and its system part),
+# of Redis and of the upstream, the edge's request counter, the line counts
+# of the logs, and "cmd NAME CALLS USEC" from INFO commandstats
+snapshot() {
+    local f=$1 side=$2
+    edge_requests "$(port_of "$side")"
+    redis 'INFO commandstats' > "$f.info"
+    wc -l "$DIR/$side/bad.log" "$DIR/$side/error.log" > "$f.wc"
+    awk -v handled="$HANDLED" -v edge="${PIDS[$side]}" \
+        -v up="${PIDS[upstream]}" -v redis="$REDIS_PID" -v info="$f.info" \
+        -v wc="$f.wc" -v side="$side" '
+    function ticks(pids, sys,   n, p, i, l, a, s, f) {
+        n = split(pids, p, " ")
+        for (i = 1; i <= n; i++) {
+            f = "/proc/" p[i] "/stat"
+            if ((getline l < f) > 0) {
+                sub(/^.*\) /, "", l)
+                split(l, a, " ")
+                s += sys ? a[13] : a[12] + a[13]
+            }
+            close(f)
+        }
+        return s + 0
+    }
+    BEGIN {
+        while ((getline l < "/proc/stat") > 0) {
+            if (l ~ /^cpu /) {
+                n = split(l, a, " "); t = 0
+                for (i = 2; i <= n; i++) t += a[i]
+                print "busy", t - a[5] - a[6]
+                print "total", t
+            }
+        }
+        print "edge", ticks(edge, 0)
+        print "edge_sys", ticks(edge, 1)
+        print "redis", ticks(redis, 0)
+        print "upstream", ticks(up, 0)
+        print "handled", handled
+        while ((getline l < wc) > 0) {
+            split(l, a, " ")
+            if (a[2] ~ /bad\.log$/) print "bad_lines", a[1]
+            if (a[2] ~ /error\.log$/) print "err_lines", a[1]
+        }
+        # cmdstat_evalsha:calls=1,usec=2,usec_per_call=2.00,...
+        while ((getline l < info) > 0) {
+            if (l !~ /^cmdstat_/) continue
+            sub(/^cmdstat_/, "", l)
+            split(l, a, /[:=,]/)
+            print "cmd", a[1], a[3], a[5]
+        }
+    }' > "$f"
+}
+
+# rotate_upstream_log NAME: the upstream's access log so far becomes NAME
+# (USR1 makes the workers flush their buffers and reopen the log)
+rotate_upstream_log() {
+    mv "$DIR/upstream/requests.log" "$DIR/upstream/$1"
+    kill -USR1 "$UPSTREAM_MASTER"
+    for _ in $(seq 100); do
+        [ -e "$DIR/upstream/requests.log" ] && break
+        sleep 0.02
+    done
+    sleep 0.05  # the workers reopen after the master
+    UPSTREAM_DIRTY=0
+}
+
+UPSTREAM_DIRTY=1
+
+# seed PREFIX N BODY_FILE PATH: store N records through the module edge
+# (one curl, one connection) and check that a retry of each is replayed
+seed() {
+    local i e args=() got want=
+    for i in $(seq "$2"); do
+        for e in new replay; do
+            args+=(--next -m 10 -o /dev/null -X POST -H 'Expect:'
+                   -H "X-Bench-Expect: $e" -H 'Content-Type: application/json'
+                   -H "Idempotency-Key: $1-$i" --data-binary "@$3"
+                   -w '%{http_code} %header{idempotent-replayed}\n'
+                   "http://127.0.0.1:$MODULE_PORT$4")
+        done
+        want+="201 
+201 true
+"
+    done
+    got=$(curl -sS "${args[@]:1}" 2>&1 || true)
+    if [ "$got"$'\n' != "$want" ]; then
+        echo "seeding $1-* failed; expected alternating \"201\" and" \
+             "\"201 true\" (replayed), got:" >&2
+        printf '%s\n' "$got" | head -4 >&2
+        return 1
+    fi
+}
+
+# --- one wrk run -------------------------------------------------------------
+
+RUNS=$DIR/runs.tsv
+printf 'scenario\tconns\tround\tside\trequests\taborted\trps\tp50_us\tp99_us\tnginx_us\tredis_us\tbox_us\tupstream_us\tclient_cmds\tdata_cmds\tupstream_reqs\tbusy_pct\tok\tproblems\tnginx_sys_us\thandled\n' > "$RUNS"
+fails=0
+seq_no=0
+
+# run SCENARIO CONNS ROUND SIDE DURATION
+run() {
+    local scen=$1 conns=$2 round=$3 side=$4 dur=$5
+    local port path script out id s0 s1 ulog
+    local args=() problems=() ok=1
+
+    port=$(port_of "$side")
+    seq_no=$((seq_no + 1))
+    id=r$seq_no
+    out=$DIR/wrk/$seq_no-$scen-$conns-$round-$side
+    s0=$DIR/s0 s1=$DIR/s1
+    ulog=$DIR/upstream/run-$seq_no.log
+
+    case $scen in
+        fresh|sweep-fresh)
+                      path=/pay;   script=fresh.lua
+                      args=("$id" "$DIR/body-small.json" new) ;;
+        replay)       path=/pay;   script=replay.lua
+                      args=("$id" "$REPLAY_KEYS" "$DIR/body-small.json" replay) ;;
+        bypass)       path=/pay;   script=bypass.lua ;;
+        large-fresh)  path=/large; script=fresh.lua
+                      args=("$id" "$DIR/body-large.json" new) ;;
+        large-replay) path=/large; script=replay.lua
+                      args=("$id" "$LARGE_REPLAY_KEYS" "$DIR/body-large.json" replay) ;;
+    esac
+
+    if [ "$side" = module ]; then
+        redis_reset
+        case $scen in
+            replay)       seed "$id" "$REPLAY_KEYS" "$DIR/body-small.json" /pay ;;
+            large-replay) seed "$id" "$LARGE_REPLAY_KEYS" "$DIR/body-large.json" /large ;;
+        esac || { problems+=("seeding failed"); ok=0; }
+        UPSTREAM_DIRTY=1
+    fi
+
+    # requests the upstream got outside a run (warm-up, seeding) go aside
+    if [ "$UPSTREAM_DIRTY" = 1 ]; then
+        rotate_upstream_log before.log
+    fi
+    snapshot "$s0" "$side"
+
+    wrk -t"$THREADS" -c"$conns" -d"${dur}s" --timeout 10s -s "bench/$script" \
+        "http://127.0.0.1:$port$path" -- "${args[@]}" > "$out.txt" 2>&1 &
+    wrk_pid=$!
+    wait "$wrk_pid" || { problems+=("wrk exited $?"); ok=0; }
+    wrk_pid=
+
+    # requests in flight when wrk stopped finish, their stores reach Redis
+    snapshot "$s1" "$side"
+    sleep 0.2
+    redis 'INFO commandstats' > "$s1.info"
+    rotate_upstream_log "run-$seq_no.log"
+
+    # --- wrk's result ---
+    local line kv
+    declare -A W=()
+    while IFS= read -r line; do
+        [[ $line == BENCH\ * ]] || continue
+        for kv in $line; do
+            [[ $kv == *=* ]] && W[${kv%%=*}]=${kv#*=}
+        done
+    done < "$out.txt"
+    if [ -z "${W[requests]:-}" ]; then
+        printf '%s\t%s\t%s\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t%s\t0\t0\n' \
+            "$scen" "$conns" "$round" "$side" "no wrk result" >> "$RUNS"
+        fails=$((fails + 1))
+        echo "  $scen c=$conns round $round $side: FAIL (no wrk result, see $out.txt)"
+        return 0
+    fi
+
+    # --- everything derived from the two snapshots, the logs and wrk ---
+    local upstat upreqs dups=0 row aborted bad errs
+    if [ "${scen##*-}" = fresh ]; then
+        # one upstream request per key: count the keys seen more than once
+        upstat=$(sort "$ulog" | uniq -c | awk '{ n += $1; if ($1 > 1) d++ }
+                                             END { print n + 0, d + 0 }')
+        read -r upreqs dups <<< "$upstat"
+    else
+        upreqs=$(wc -l < "$ulog")
+    fi
+    rm -f "$ulog" "$DIR/upstream/before.log"
+
+    # the snapshot before, the one after with a fresh INFO (stores done),
+    # then the new lines of bad.log and error.log
+    row=$(awk -v hz="$CLK_TCK" -v ncpu="$NCPU" -v detail="$out.redis" '
+        FILENAME == ARGV[1] || FILENAME == ARGV[2] {
+            i = FILENAME == ARGV[1] ? 0 : 1
+            if ($1 == "cmd") next
+            v[i, $1] = $2; next
+        }
+        FILENAME == ARGV[3] || FILENAME == ARGV[4] {
+            # "cmdstat_x:calls=..." of INFO: before, after the stores
+            i = FILENAME == ARGV[3] ? 0 : 1
+            if ($0 !~ /^cmdstat_/) next
+            l = $0; sub(/^cmdstat_/, "", l); split(l, a, /[:=,]/)
+            calls[i, a[1]] = a[3]; usec[i, a[1]] = a[5]; names[a[1]] = 1
+            next
+        }
+        FILENAME == ARGV[5] {
+            if (FNR <= v[0, "bad_lines"]) next
+            if ($1 == 499) aborted++; else bad++
+            next
+        }
+        FILENAME == ARGV[6] {
+            if (FNR <= v[0, "err_lines"]) next
+            if ($0 ~ /\[(error|crit|alert|emerg)\]/) errs++
+            next
+        }
+        END {
+            n = v[1, "handled"] - v[0, "handled"] - 1
+            if (n < 1) n = 1
+            us = 1000000 / hz
+            for (c in names) {
+                if (c ~ /^(info|flushall|quit|echo|monitor|ping|client\|.*|config\|.*)$/) continue
+                d = calls[1, c] - calls[0, c]
+                if (d <= 0) continue
+                printf "%-10s calls/request %.3f  usec/call %.2f\n", c, d / n,
+                       (usec[1, c] - usec[0, c]) / d > detail
+                # client: what clients sent (scripts, SCRIPT LOAD, AUTH,
+                # SELECT, ...); data: GET, SET, DEL, which Redis 7 counts
+                # also when a script runs them
+                if (c ~ /^(eval|evalsha|eval_ro|evalsha_ro|fcall|fcall_ro|auth|select|hello|multi|exec)$/ || c ~ /^script/)
+                    client += d
+                else
+                    data += d
+            }
+            db = v[1, "busy"] - v[0, "busy"]; dt = v[1, "total"] - v[0, "total"]
+            printf "%d %.1f %.1f %.1f %.1f %.1f %.2f %.2f %.0f %d %d %d\n", n,
+                (v[1, "edge"] - v[0, "edge"]) * us / n,
+                (v[1, "edge_sys"] - v[0, "edge_sys"]) * us / n,
+                (v[1, "redis"] - v[0, "redis"]) * us / n,
+                (v[1, "upstream"] - v[0, "upstream"]) * us / n,
+                db * us / n, client / n, data / n,
+                (dt > 0 ? 100 * ncpu * db / dt : 0), aborted, bad, errs
+        }' "$s0" "$s1" "$s0.info" "$s1.info" "$DIR/$side/bad.log" "$DIR/$side/error.log")
+
+    local handled cpu_ng cpu_ns cpu_rd cpu_up cpu_box client data busy
+    read -r handled cpu_ng cpu_ns cpu_rd cpu_up cpu_box client data busy \
+        aborted bad errs <<< "$row"
+
+    local requests=${W[requests]} conn_err=$((W[err_connect] + W[err_read] + W[err_write]))
+
+    # --- correctness ---
+    [ "$requests" -gt 0 ] || { problems+=("no requests completed"); ok=0; }
+    [ "$conn_err" -eq 0 ] || { problems+=("socket errors: connect ${W[err_connect]} read ${W[err_read]} write ${W[err_write]}"); ok=0; }
+    [ "${W[err_timeout]}" -eq 0 ] || { problems+=("${W[err_timeout]} timeouts"); ok=0; }
+    [ "${W[err_status]}" -eq 0 ] || { problems+=("${W[err_status]} responses >= 400"); ok=0; }
+    # 499: requests wrk cut off when its time was up, at most one per
+    # connection; anything else in bad.log is a wrong answer
+    [ "$bad" -eq 0 ] || { problems+=("$bad unexpected status or \$idempotency_status (see $DIR/$side/bad.log)"); ok=0; }
+    [ "$aborted" -le "$conns" ] || { problems+=("$aborted requests aborted (499)"); ok=0; }
+    [ "$errs" -eq 0 ] || { problems+=("$errs [error]+ lines in $side/error.log"); ok=0; }
+
+    local p
+    for p in ${PIDS[$side]}; do
+        kill -0 "$p" 2>/dev/null || { problems+=("nginx process $p is gone (crash?)"); ok=0; }
+    done
+
+    if [ "$side" = module ] && [ "${scen##*-}" = replay ]; then
+        [ "$upreqs" -eq 0 ] || { problems+=("replay reached the upstream $upreqs times"); ok=0; }
+    else
+        # every completed request reached the upstream once; requests still
+        # in flight when wrk stopped may have too (at most one per connection)
+        if [ "$upreqs" -lt "$requests" ] || [ "$upreqs" -gt $((requests + conns)) ]; then
+            problems+=("upstream saw $upreqs requests for $requests responses"); ok=0
+        fi
+    fi
+    [ "$dups" -eq 0 ] || { problems+=("$dups keys reached the upstream more than once"); ok=0; }
+
+    if [ "$side" = plain ] && [ "$client" != 0.00 ]; then
+        problems+=("plain edge run saw Redis commands"); ok=0
+    fi
+
+    local prob="-"
+    if [ ${#problems[@]} -gt 0 ]; then
+        prob=$(IFS=';'; echo "${problems[*]}")
+    fi
+    [ "$ok" = 1 ] || fails=$((fails + 1))
+
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+        "$scen" "$conns" "$round" "$side" "$requests" "$aborted" "${W[rps]}" \
+        "${W[p50_us]}" "${W[p99_us]}" "$cpu_ng" "$cpu_rd" "$cpu_box" "$cpu_up" \
+        "$client" "$data" "$upreqs" "$busy" "$ok" "$prob" "$cpu_ns" "$handled" \
+        >> "$RUNS"
+
+    printf '  %-12s c=%-4s #%s %-6s %6.0f r/s  p50 %6.2f  p99 %7.2f ms  us/req: nginx %5.1f (sys %5.1f) redis %6.1f upstream %5.1f box %6.1f  cmds %4s  upstream %6s  cpu %3s%%  %s\n' \
+        "$scen" "$conns" "$round" "$side" "${W[rps]}" \
+        "$((W[p50_us] / 1000)).$(printf '%03d' $((W[p50_us] % 1000)))" \
+        "$((W[p99_us] / 1000)).$(printf '%03d' $((W[p99_us] % 1000)))" \
+        "$cpu_ng" "$cpu_ns" "$cpu_rd" "$cpu_up" "$cpu_box" "$client" "$upreqs" \
+        "$busy" "$([ "$ok" = 1 ] && echo ok || echo "FAIL: $prob")"
+}
+
+# --- the exact commands per request: a MONITOR sample -------------------------
+
+monitor_sample() {
+    local mon=$DIR/monitor.txt i args=()
+    redis_reset
+    redis-cli -p "$REDIS_PORT" monitor > "$mon" 2>&1 &
+    monitor_pid=$!
+    sleep 0.3
+    redis 'ECHO fresh-start' > /dev/null
+    seed mon 10 "$DIR/body-small.json" /pay || echo "monitor sample: seeding failed" >&2
+    redis 'ECHO end' > /dev/null
+    sleep 0.3
+    kill "$monitor_pid" 2>/dev/null || true
+    wait "$monitor_pid" 2>/dev/null || true
+    monitor_pid=
+
+    # lines: time [db client] "CMD" ...; client is ip:port, or lua.  Each of
+    # the 10 keys was POSTed twice: a fresh request, then its replay; the
+    # claim's reply tells them apart, so count commands per phase by key
+    awk '/"fresh-start"/ { on = 1; next }
+         /"end"/ { on = 0; next }
+         on && /^[0-9.]+ \[/ {
+             cmd = toupper($4); gsub(/"/, "", cmd)
+             if (cmd == "QUIT" || cmd == "ECHO") next    # the bench itself
+             who = ($3 ~ /^lua\]/) ? "lua" : "client"
+             if (who == "client" && cmd == "EVALSHA") {
+                 key = $7; seen[key]++
+                 phase = seen[key] == 1 ? "fresh" : "replay"
+             }
+             n[phase " " who " " cmd]++
+             if (who == "client") nc[phase]++
+         }
+         END {
+             for (k in n) printf "%s %.1f\n", k, n[k] / 10 > "/dev/stderr"
+             printf "fresh %.1f replay %.1f\n", nc["fresh"] / 10, nc["replay"] / 10
+         }' "$mon" > "$DIR/monitor.sum" 2> "$DIR/monitor.unsorted"
+    sort "$DIR/monitor.unsorted" > "$DIR/monitor.detail"
+}
+
+# --- the bench ----------------------------------------------------------------
+
+echo "== ngx_http_idempotency_module bench =="
+echo "machine: $NCPU cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), kernel $(uname -r)"
+echo "$("$NGINX" -v 2>&1), $(redis-server --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | head -1 | awk '{ print $1, $2 }')"
+echo "module: $module"
+echo "edges: 1 worker each; upstream: $UPSTREAM_WORKERS workers; wrk -t$THREADS;" \
+     "$ROUNDS round(s) of ${DURATION}s (large ${LARGE_DURATION}s, sweep ${SWEEP_DURATION}s)"
+echo "plain 127.0.0.1:$PLAIN_PORT, module 127.0.0.1:$MODULE_PORT," \
+     "upstream 127.0.0.1:$UPSTREAM_PORT, redis 127.0.0.1:$REDIS_PORT; results in $DIR"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# the figures are only worth something on an otherwise idle machine
+idle_check() {
+    local b0 t0 b1 t1 pct
+    read -r b0 t0 < <(awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i;
+                                     print t - $5 - $6, t }' /proc/stat)
+    sleep 1
+    read -r b1 t1 < <(awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i;
+                                     print t - $5 - $6, t }' /proc/stat)
+    pct=$(( t1 > t0 ? 100 * (b1 - b0) / (t1 - t0) : 0 ))
+    if [ "$pct" -gt 15 ]; then
+        echo "WARNING: the machine is ${pct}% busy before the bench starts;" \
+             "other load skews every figure (compare the box us/req columns)"
+    else
+        echo "machine ${pct}% busy before the bench starts"
+    fi
+}
+idle_check
+echo
+
+# warm-up, not measured
+redis_reset
+for side in plain module; do
+    wrk -t"$THREADS" -c"$CONNS" -d"${WARMUP}s" -s bench/fresh.lua \
+        "http://127.0.0.1:$(port_of $side)/pay" -- "warm-$side" \
+        "$DIR/body-small.json" > "$DIR/wrk/warmup-$side.txt" 2>&1
+done
+
+monitor_sample
+UPSTREAM_DIRTY=1
+echo "MONITOR sample (10 fresh POSTs, then their 10 retries), commands per request:"
+sed 's/^/  /' "$DIR/monitor.detail"
+echo
+
+has() { [[ " $SCENARIOS " == *" $1 "* ]]; }
+
+for scen in fresh replay bypass large-fresh large-replay; do
+    has "$scen" || continue
+    dur=$DURATION
+    [[ $scen == large-* ]] && dur=$LARGE_DURATION
+    echo "$scen: $ROUNDS round(s) x ${dur}s, $CONNS connections"
+    for round in $(seq "$ROUNDS"); do
+        run "$scen" "$CONNS" "$round" plain "$dur"
+        run "$scen" "$CONNS" "$round" module "$dur"
+    done
+done
+
+if has sweep; then
+    echo "sweep: fresh, 1 round x ${SWEEP_DURATION}s at $SWEEP_CONNS connections"
+    for c in $SWEEP_CONNS; do
+        run sweep-fresh "$c" 1 plain "$SWEEP_DURATION"
+        run sweep-fresh "$c" 1 module "$SWEEP_DURATION"
+    done
+fi
+
+redis_reset
+
+# --- report -------------------------------------------------------------------
+
+# per scenario and connection count: medians of each side, and the median
+# of the per-round module/plain ratios
+summary() {
+    awk -F'\t' '
+    function median(list,   a, n, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 2; i <= n; i++)
+            for (j = i; j > 1 && a[j] + 0 < a[j - 1] + 0; j--) {
+                t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+            }
+        if (n == 0) return 0
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    function add(name, s, x) { l[k, s, name] = l[k, s, name] " " x }
+    function m(name, s) { return median(l[k, s, name]) }
+    NR == 1 { next }
+    {
+        k = $1 SUBSEP $2; s = $4
+        if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
+        add("rps", s, $7); add("p50", s, $8); add("p99", s, $9)
+        add("ng", s, $10); add("rd", s, $11); add("box", s, $12)
+        add("cl", s, $14); add("da", s, $15)
+        v[k, $3, s, "rps"] = $7; v[k, $3, s, "p99"] = $9
+        v[k, $3, s, "ng"] = $10
+        if ($3 > rounds[k]) rounds[k] = $3
+        bad[k] += ($18 != 1)
+    }
+    END {
+        for (i = 1; i <= nk; i++) {
+            k = order[i]; split(k, kk, SUBSEP)
+            r1 = r2 = r3 = ""
+            for (r = 1; r <= rounds[k]; r++) {
+                if (v[k, r, "plain", "rps"] > 0 && v[k, r, "plain", "p99"] > 0 \
+                    && v[k, r, "plain", "ng"] > 0) {
+                    r1 = r1 " " v[k, r, "module", "rps"] / v[k, r, "plain", "rps"]
+                    r2 = r2 " " v[k, r, "module", "p99"] / v[k, r, "plain", "p99"]
+                    r3 = r3 " " v[k, r, "module", "ng"] / v[k, r, "plain", "ng"]
+                }
+            }
+            # 1-2 scenario conns; 3-5 r/s plain module ratio; 6-7 p50 ms;
+            # 8-10 p99 ms and ratio; 11-13 nginx us/req and ratio; 14 redis
+            # us/req; 15-16 box us/req; 17-18 redis client and Lua cmds/req;
+            # 19 check
+            printf "%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%s\n",
+                kk[1], kk[2],
+                m("rps", "plain"), m("rps", "module"), median(r1),
+                m("p50", "plain") / 1000, m("p50", "module") / 1000,
+                m("p99", "plain") / 1000, m("p99", "module") / 1000, median(r2),
+                m("ng", "plain"), m("ng", "module"), median(r3),
+                m("rd", "module"), m("box", "plain"), m("box", "module"),
+                m("cl", "module"), m("da", "module"),
+                bad[k] ? "FAIL" : "OK"
+        }
+    }' "$RUNS"
+}
+
+summary > "$DIR/summary.tsv"
+
+report() {
+    echo "== results: medians over rounds; ratio = median of per-round module/plain =="
+    echo "   (box = CPU of the whole machine per request: wrk, both nginx, Redis, kernel)"
+    printf '%-12s %5s | %7s %7s %5s | %13s | %15s %5s | %13s %5s | %6s | %13s | %11s | %s\n' \
+        scenario conns "plain" "module" "" "p50 ms" "p99 ms" "" \
+        "nginx us/req" "" "redis" "box us/req" "redis cmds" ""
+    printf '%-12s %5s | %7s %7s %5s | %13s | %15s %5s | %13s %5s | %6s | %13s | %11s | %s\n' \
+        "" "" "r/s" "r/s" ratio "plain/module" "plain/module" ratio \
+        "plain/module" ratio "us/req" "plain/module" "/req (Lua)" check
+    awk -F'\t' '{
+        printf "%-12s %5s | %7.0f %7.0f %5.2f | %6.2f/%-6.2f | %7.2f/%-7.2f %5.2f | %6.1f/%-6.1f %5.2f | %6.1f | %6.1f/%-6.1f | %4.2f (%4.2f) | %s\n",
+            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+            $15, $16, $17, $18, $19
+    }' "$DIR/summary.tsv"
+    echo
+
+    echo "== targets (32 connections) =="
+    awk -F'\t' -v mon="$(tr '\n' ' ' < "$DIR/monitor.sum")" '
+    function t(name, have, value, cmp, limit,   pass) {
+        if (!have) { printf "  %-44s %7s  %s\n", name, "-", "NOT RUN"; return }
+        pass = cmp == ">=" ? value >= limit : value <= limit
+        printf "  %-44s %7.3f  %s\n", name, value, pass ? "PASS" : "FAIL"
+    }
+    $2 == 32 { f[$1] = 1; rr[$1] = $5; p99r[$1] = $10; ngr[$1] = $13; cl[$1] = $17 }
+    END {
+        split(mon, m, " ")
+        t("fresh throughput >= 0.85x plain", f["fresh"], rr["fresh"], ">=", 0.85)
+        t("fresh p99 latency <= 1.3x plain", f["fresh"], p99r["fresh"], "<=", 1.3)
+        t("replay throughput >= 1.10x plain", f["replay"], rr["replay"], ">=", 1.10)
+        t("bypass throughput >= 0.99x plain", f["bypass"], rr["bypass"], ">=", 0.99)
+        t("fresh nginx CPU/request <= 1.3x plain", f["fresh"], ngr["fresh"], "<=", 1.3)
+        t("fresh Redis commands/request <= 2", f["fresh"], cl["fresh"], "<=", 2)
+        t("replay Redis commands/request <= 1", f["replay"], cl["replay"], "<=", 1)
+        t("  MONITOR sample: fresh commands/request", 1, m[2], "<=", 2)
+        t("  MONITOR sample: replay commands/request", 1, m[4], "<=", 1)
+    }' "$DIR/summary.tsv"
+    echo
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+echo
+report | tee "$DIR/report.txt"
+
+echo
+if [ "$fails" -ne 0 ]; then
+    echo "CORRECTNESS: $fails run(s) FAILED; see $RUNS and $DIR/*/error.log"
+    exit 1
+fi
+echo "CORRECTNESS: all runs OK (statuses, upstream counts, error logs)"
