@@ -318,9 +318,10 @@ static ngx_int_t
 ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
+    int                         argc;
     u_char                      ttl[NGX_INT_T_LEN];
-    size_t                      argvlen[6];
-    const char                 *argv[6];
+    size_t                      argvlen[7];
+    const char                 *argv[7];
     ngx_http_idempotency_op_t  *op;
 
     op = ngx_http_idempotency_op_alloc(ctx->redis);
@@ -335,29 +336,66 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
     ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
 
-    if (ctx->retried) {
+    /*
+     * Redis >= 7.0: SET NX GET PX is the claim in one native command (nil:
+     * claimed; else the record, untouched).  6.2 refuses NX with GET; then
+     * the claim script does the same, by SHA, or by text after NOSCRIPT.
+     */
+
+    if (ctx->claim_mode < ctx->redis->claim_mode) {
+        ctx->claim_mode = ctx->redis->claim_mode;
+    }
+
+    argv[3] = (const char *) ctx->rkey.data;
+    argvlen[3] = ctx->rkey.len;
+    argv[4] = (const char *) ctx->claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    switch (ctx->claim_mode) {
+
+    case NGX_HTTP_IDEMPOTENCY_CLAIM_SET:
+        argv[0] = "SET";
+        argvlen[0] = 3;
+        argv[1] = (const char *) ctx->rkey.data;
+        argvlen[1] = ctx->rkey.len;
+        argv[2] = (const char *) ctx->claim;
+        argvlen[2] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+        argv[3] = "NX";
+        argvlen[3] = 2;
+        argv[4] = "GET";
+        argvlen[4] = 3;
+        argv[5] = "PX";
+        argvlen[5] = 2;
+        argv[6] = (const char *) ttl;
+        argvlen[6] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+        argc = 7;
+        break;
+
+    case NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA:
+        argv[0] = "EVALSHA";
+        argvlen[0] = 7;
+        argv[1] = (const char *) ngx_http_idempotency_claim_sha;
+        argvlen[1] = 40;
+        goto script;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL */
         argv[0] = "EVAL";
         argvlen[0] = 4;
         argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
         argvlen[1] = ngx_http_idempotency_claim_script.len;
 
-    } else {
-        argv[0] = "EVALSHA";
-        argvlen[0] = 7;
-        argv[1] = (const char *) ngx_http_idempotency_claim_sha;
-        argvlen[1] = 40;
+    script:
+        argv[2] = "1";
+        argvlen[2] = 1;
+        argv[5] = (const char *) ttl;
+        argvlen[5] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+        argc = 6;
+        break;
     }
 
-    argv[2] = "1";
-    argvlen[2] = 1;
-    argv[3] = (const char *) ctx->rkey.data;
-    argvlen[3] = ctx->rkey.len;
-    argv[4] = (const char *) ctx->claim;
-    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    argv[5] = (const char *) ttl;
-    argvlen[5] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
-
-    if (ngx_http_idempotency_redis_command(op, 6, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
+        != NGX_OK)
+    {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: redis \"%V\" is not connected",
                       &ctx->redis->name);
@@ -434,12 +472,29 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         break;
 
     case REDIS_REPLY_ERROR:
-        if (!ctx->retried && reply->len >= 8
+        if (ctx->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
+            && ngx_strlcasestrn((u_char *) reply->str,
+                                (u_char *) reply->str + reply->len,
+                                (u_char *) "syntax", 6 - 1)
+               != NULL)
+        {
+            /* Redis 6.2: no NX with GET; the script from now on */
+            ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
+                          "idempotency: redis \"%V\" refuses SET NX GET, "
+                          "claiming with a script", &ctx->redis->name);
+            ctx->redis->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+            ctx->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+            ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        }
+
+        if (ctx->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA
+            && reply->len >= 8
             && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
         {
             /* SCRIPT FLUSH or a failover: send the script itself */
             ngx_http_idempotency_redis_load_script(ctx->redis);
-            ctx->retried = 1;
+            ctx->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL;
             ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
             return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
         }
@@ -682,10 +737,7 @@ ngx_http_idempotency_cleanup(void *data)
         ngx_del_timer(&ctx->timeout);
     }
 
-    if (ctx->md) {
-        EVP_MD_CTX_free(ctx->md);
-        ctx->md = NULL;
-    }
+    ngx_http_idempotency_fingerprint_free(ctx);
 
     if (!ctx->owner || ctx->finished) {
         return;

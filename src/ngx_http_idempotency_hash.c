@@ -11,8 +11,16 @@
 #include <openssl/rand.h>
 
 
+#define NGX_HTTP_IDEMPOTENCY_MD_CACHE  32
+
+
 static EVP_MD       *ngx_http_idempotency_sha256;
 static EVP_MD_CTX   *ngx_http_idempotency_md_free;  /* one spare context */
+
+/* digest contexts of finished requests, initialised again by the next */
+static EVP_MD_CTX  *ngx_http_idempotency_md_cache[
+                                               NGX_HTTP_IDEMPOTENCY_MD_CACHE];
+static ngx_uint_t   ngx_http_idempotency_md_cached;
 static uint64_t      ngx_http_idempotency_token_seq;
 static u_char        ngx_http_idempotency_token_seed[8];
 
@@ -50,6 +58,11 @@ ngx_http_idempotency_hash_init(ngx_cycle_t *cycle)
 void
 ngx_http_idempotency_hash_done(void)
 {
+    while (ngx_http_idempotency_md_cached) {
+        EVP_MD_CTX_free(
+            ngx_http_idempotency_md_cache[--ngx_http_idempotency_md_cached]);
+    }
+
     if (ngx_http_idempotency_md_free) {
         EVP_MD_CTX_free(ngx_http_idempotency_md_free);
         ngx_http_idempotency_md_free = NULL;
@@ -137,9 +150,15 @@ ngx_int_t
 ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ctx->md = EVP_MD_CTX_new();
-    if (ctx->md == NULL) {
-        return NGX_ERROR;
+    if (ngx_http_idempotency_md_cached) {
+        ctx->md =
+            ngx_http_idempotency_md_cache[--ngx_http_idempotency_md_cached];
+
+    } else {
+        ctx->md = EVP_MD_CTX_new();
+        if (ctx->md == NULL) {
+            return NGX_ERROR;
+        }
     }
 
     if (EVP_DigestInit_ex(ctx->md, ngx_http_idempotency_sha256, NULL) != 1
@@ -203,11 +222,28 @@ ngx_http_idempotency_fingerprint_finish(ngx_http_idempotency_ctx_t *ctx)
 
     ngx_http_idempotency_new_token(p + NGX_HTTP_IDEMPOTENCY_HASH_LEN);
 
-    EVP_MD_CTX_free(ctx->md);
-    ctx->md = NULL;
-    ctx->hashing = 0;
+    ngx_http_idempotency_fingerprint_free(ctx);
 
     return NGX_OK;
+}
+
+
+void
+ngx_http_idempotency_fingerprint_free(ngx_http_idempotency_ctx_t *ctx)
+{
+    if (ctx->md == NULL) {
+        return;
+    }
+
+    if (ngx_http_idempotency_md_cached < NGX_HTTP_IDEMPOTENCY_MD_CACHE) {
+        ngx_http_idempotency_md_cache[ngx_http_idempotency_md_cached++] =
+                                                                    ctx->md;
+    } else {
+        EVP_MD_CTX_free(ctx->md);
+    }
+
+    ctx->md = NULL;
+    ctx->hashing = 0;
 }
 
 

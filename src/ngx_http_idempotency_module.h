@@ -71,6 +71,12 @@ typedef enum {
 } ngx_http_idempotency_go_e;
 
 
+/* how the claim is sent; each step down is taken once, on a refusal */
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_SET      0
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA  1
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL     2
+
+
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS    1
 
@@ -110,6 +116,7 @@ typedef struct {
     ngx_event_t                      watchdog_ev;
     ngx_msec_t                       backoff;
     ngx_uint_t                       pending;
+    ngx_uint_t                       claim_mode;
     ngx_log_t                       *log;
 
     unsigned                         connected:1;
@@ -182,6 +189,7 @@ struct ngx_http_idempotency_ctx_s {
 
     ngx_uint_t                       state;
     ngx_uint_t                       go;
+    ngx_uint_t                       claim_mode;
     ngx_uint_t                       status;     /* $idempotency_status */
 
     EVP_MD_CTX                      *md;
@@ -199,7 +207,6 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         hashing:1;
     unsigned                         capturing:1;
     unsigned                         finished:1;
-    unsigned                         retried:1;
     unsigned                         header_seen:1;
 };
 
@@ -261,6 +268,7 @@ ngx_int_t ngx_http_idempotency_fingerprint_update(
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 ngx_int_t ngx_http_idempotency_fingerprint_finish(
     ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fingerprint_free(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_new_token(u_char *token);
 ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
