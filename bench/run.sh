@@ -663,8 +663,10 @@ monitor_sample() {
              cmd = toupper($4); gsub(/"/, "", cmd)
              if (cmd == "QUIT" || cmd == "ECHO") next    # the bench itself
              who = ($3 ~ /^lua\]/) ? "lua" : "client"
-             if (who == "client" && cmd == "EVALSHA") {
-                 key = $7; seen[key]++
+             # the claim: SET key claim NX GET PX (Redis 7), or EVALSHA
+             # sha 1 key ... (Redis 6.2)
+             if (who == "client" && (cmd == "SET" || cmd == "EVALSHA")) {
+                 key = cmd == "SET" ? $5 : $7; seen[key]++
                  phase = seen[key] == 1 ? "fresh" : "replay"
              }
              n[phase " " who " " cmd]++
@@ -810,10 +812,10 @@ report() {
     echo "   (box = CPU of the whole machine per request: wrk, both nginx, Redis, kernel)"
     printf '%-12s %5s | %7s %7s %5s | %13s | %15s %5s | %13s %5s | %6s | %13s | %11s | %s\n' \
         scenario conns "plain" "module" "" "p50 ms" "p99 ms" "" \
-        "nginx us/req" "" "redis" "box us/req" "redis cmds" ""
+        "nginx us/req" "" "redis" "box us/req" "scripts" ""
     printf '%-12s %5s | %7s %7s %5s | %13s | %15s %5s | %13s %5s | %6s | %13s | %11s | %s\n' \
         "" "" "r/s" "r/s" ratio "plain/module" "plain/module" ratio \
-        "plain/module" ratio "us/req" "plain/module" "/req (Lua)" check
+        "plain/module" ratio "us/req" "plain/module" "/req (data)" check
     awk -F'\t' '{
         printf "%-12s %5s | %7.0f %7.0f %5.2f | %6.2f/%-6.2f | %7.2f/%-7.2f %5.2f | %6.1f/%-6.1f %5.2f | %6.1f | %6.1f/%-6.1f | %4.2f (%4.2f) | %s\n",
             $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
@@ -836,10 +838,10 @@ report() {
         t("replay throughput >= 1.10x plain", f["replay"], rr["replay"], ">=", 1.10)
         t("bypass throughput >= 0.99x plain", f["bypass"], rr["bypass"], ">=", 0.99)
         t("fresh nginx CPU/request <= 1.3x plain", f["fresh"], ngr["fresh"], "<=", 1.3)
-        t("fresh Redis commands/request <= 2", f["fresh"], cl["fresh"], "<=", 2)
-        t("replay Redis commands/request <= 1", f["replay"], cl["replay"], "<=", 1)
-        t("  MONITOR sample: fresh commands/request", 1, m[2], "<=", 2)
-        t("  MONITOR sample: replay commands/request", 1, m[4], "<=", 1)
+        # commandstats cannot tell a SET sent by a client from one a script ran:
+        # the MONITOR sample counts what the module itself sent
+        t("fresh Redis commands/request <= 2 (MONITOR)", 1, m[2], "<=", 2)
+        t("replay Redis commands/request <= 1 (MONITOR)", 1, m[4], "<=", 1)
     }' "$DIR/summary.tsv"
     echo
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -114,6 +114,7 @@ typedef struct {
     ngx_event_t                      reconnect_ev;
     ngx_event_t                      reset_ev;
     ngx_event_t                      watchdog_ev;
+    ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
     ngx_uint_t                       pending;
     ngx_uint_t                       claim_mode;
@@ -123,6 +124,7 @@ typedef struct {
     unsigned                         handshake_failed:1;
     unsigned                         failed:1;   /* failure logged */
     unsigned                         exiting:1;
+    unsigned                         flushing:1;
 } ngx_http_idempotency_redis_t;
 
 

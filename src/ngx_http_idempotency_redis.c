@@ -41,6 +41,7 @@ static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
 static void ngx_http_idempotency_reset_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_watchdog(ngx_event_t *ev);
+static void ngx_http_idempotency_flush_handler(ngx_event_t *ev);
 
 
 static ngx_http_idempotency_op_t  *ngx_http_idempotency_free_ops;
@@ -77,6 +78,10 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     redis->watchdog_ev.data = redis;
     redis->watchdog_ev.log = cycle->log;
 
+    redis->flush_ev.handler = ngx_http_idempotency_flush_handler;
+    redis->flush_ev.data = redis;
+    redis->flush_ev.log = cycle->log;
+
     ngx_http_idempotency_redis_connect(redis);
 
     return NGX_OK;
@@ -99,6 +104,10 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 
     if (redis->reset_ev.posted) {
         ngx_delete_posted_event(&redis->reset_ev);
+    }
+
+    if (redis->flush_ev.posted) {
+        ngx_delete_posted_event(&redis->flush_ev);
     }
 }
 
@@ -561,6 +570,13 @@ ngx_http_idempotency_del_read(void *data)
 }
 
 
+/*
+ * Once connected, commands queued during one event loop iteration are
+ * written together by a posted event at its end, without an epoll_ctl
+ * round; the write event is armed only when a write leaves data behind
+ * (and while connecting, as hiredis detects the connect with it).
+ */
+
 static void
 ngx_http_idempotency_add_write(void *data)
 {
@@ -570,9 +586,38 @@ ngx_http_idempotency_add_write(void *data)
 
     c = redis->conn;
 
-    if (c && !c->write->active) {
+    if (c == NULL) {
+        return;
+    }
+
+    if (redis->connected && !redis->flushing) {
+        if (!redis->flush_ev.posted) {
+            ngx_post_event(&redis->flush_ev, &ngx_posted_events);
+        }
+
+        return;
+    }
+
+    if (!c->write->active) {
         (void) ngx_add_event(c->write, NGX_WRITE_EVENT, NGX_LEVEL_EVENT);
     }
+}
+
+
+static void
+ngx_http_idempotency_flush_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_redis_t  *redis = ev->data;
+
+    if (redis->ac == NULL) {
+        return;
+    }
+
+    /* may free the context; redis itself lives as long as the cycle */
+
+    redis->flushing = 1;
+    redisAsyncHandleWrite(redis->ac);
+    redis->flushing = 0;
 }
 
 
@@ -653,6 +698,10 @@ ngx_http_idempotency_cleanup(void *data)
         ngx_delete_posted_event(&redis->reset_ev);
     }
 
+    if (redis->flush_ev.posted) {
+        ngx_delete_posted_event(&redis->flush_ev);
+    }
+
     ngx_http_idempotency_redis_schedule(redis);
 }
 
@@ -678,7 +727,9 @@ ngx_http_idempotency_write_handler(ngx_event_t *ev)
     ngx_http_idempotency_redis_t  *redis = c->data;
 
     if (redis->ac) {
+        redis->flushing = 1;
         redisAsyncHandleWrite(redis->ac);
+        redis->flushing = 0;
     }
 }
 
