@@ -6,7 +6,8 @@
 #   make test-asan  the same with the module built under AddressSanitizer
 #   make demo       a running demo with curl output
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
-#   make torture    faults, load and reload at full size (< 20 min)
+#   make torture    faults, load, reload, soak at full size, then 5 min of
+#                   fuzzing per parser (about 13 min)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -51,6 +52,7 @@ torture: deps
 	$(MAKE) module
 	TORTURE_FULL=1 TEST_FILES="t/020-torture.t t/030-soak.t" \
 	    ./util/test.sh "$(MODULE)"
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh key record
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan t/servroot*

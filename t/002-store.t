@@ -262,3 +262,60 @@ X-Idem: new
 ["X-Idem: new", "X-Idem: new", "X-Idem: replay"]
 --- response_body eval
 ["0123", "0123456789\n", "0123456789\n"]
+
+
+
+=== TEST 11: gzip is applied after capture: the record holds plain bytes
+--- config
+    location = /pay {
+        idempotency on;
+        gzip on;
+        gzip_types text/plain;
+        gzip_min_length 1;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 200 "a response long enough to be worth compressing\n";
+    }
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx", "POST /pay\nx"]
+--- more_headers eval
+["Idempotency-Key: store-11\nAccept-Encoding: gzip",
+ "Idempotency-Key: store-11",
+ "Idempotency-Key: store-11\nAccept-Encoding: gzip"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Idem: new\nContent-Encoding: gzip",
+ "X-Idem: replay\n!Content-Encoding",
+ "X-Idem: replay\nContent-Encoding: gzip"]
+--- response_body_like eval
+[qr/^\x1f\x8b/, qr/^a response long enough to be worth compressing$/,
+ qr/^\x1f\x8b/]
+
+
+
+=== TEST 12: a client's If-None-Match never turns a stored 200 into a 304
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_set_header If-None-Match "";
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/tagged;
+    }
+    location = /tagged {
+        add_header ETag '"v1"';
+        return 200 "0123456789\n";
+    }
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- more_headers
+Idempotency-Key: store-12
+If-None-Match: "v1"
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nETag: \"v1\"", "X-Idem: replay\nETag: \"v1\""]
+--- response_body eval
+["0123456789\n", "0123456789\n"]

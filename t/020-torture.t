@@ -78,9 +78,12 @@ EOC
 
 my @edges;
 for my $i (0, 1) {
+    # edge1 passes requests through unprotected while Redis is unusable
+    my $on_error = $i ? 'pass' : 'reject';
     push @edges, nginx_conf("edge$i", <<"EOC", 2);
     idempotency_redis 127.0.0.1:$redis_port;
     idempotency_redis_timeout ${timeout_ms}ms;
+    idempotency_on_redis_error $on_error;
     proxy_http_version 1.1;
     server {
         listen 127.0.0.1:$edge_ports[$i];
@@ -222,7 +225,8 @@ sub load {
             my $t = time;
             my $r = http_post($edge_ports[$n % 2], "$run-$tag-$n", 'x',
                               '/pay', '', 5);
-            printf $wr "%.3f %d %.3f\n", $t, $r->{status}, $r->{took};
+            printf $wr "%.3f %d %.3f %d\n", $t, $r->{status}, $r->{took},
+                $n % 2;
             $n++;
         }
         exit 0;
@@ -258,6 +262,13 @@ sub load {
         or diag explain [ @slow[0 .. 4] ];
     is(scalar @early + scalar @late, 0,
        "kill -9: 503 only while Redis was down, protected within 1 s after");
+    my @down = grep { $_->[0] > $down + 0.1 && $_->[0] < $up - 0.1 } @$rows;
+    my @rejected = grep { $_->[3] == 0 && $_->[1] == 503 } @down;
+    my @passed = grep { $_->[3] == 1 && $_->[1] == 200 } @down;
+    ok(@rejected && !grep({ $_->[3] == 0 && $_->[1] != 503 } @down),
+       "kill -9: reject: every request while down got 503");
+    ok(@passed && !grep({ $_->[3] == 1 && $_->[1] != 200 } @down),
+       "kill -9: pass: every request while down was proxied (200)");
     my ($first_ok) = grep { $_->[1] == 200 && $_->[0] > $up } @$rows;
     diag(sprintf "kill -9: recovered %.2f s after the restart",
          $first_ok ? $first_ok->[0] - $up : -1);
