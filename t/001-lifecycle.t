@@ -250,3 +250,54 @@ X-Request-Key: lifecycle-10
 [201, 201, 201]
 --- response_headers eval
 ["X-Idem: new", "X-Idem: replay", "X-Idem: bypass"]
+
+
+
+=== TEST 11: idempotency_problem_base_uri names the problem type
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_problem_base_uri https://errors.example.com/idempotency;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+--- more_headers
+Idempotency-Key: lifecycle-11
+--- pipelined_requests eval
+["POST /pay\na", "POST /pay\nb"]
+--- error_code eval
+[201, 422]
+--- response_body_like eval
+[qr/^ok$/, qr/^\{"type":"https:\/\/errors\.example\.com\/idempotency#key-reused","title":"Idempotency-Key is already used","status":422,/]
+
+
+
+=== TEST 12: idempotency_redis_prefix: the record is stored under the prefix
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_redis_prefix "shop1:";
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+--- more_headers
+Idempotency-Key: lifecycle-12
+--- request
+POST /pay
+x
+--- error_code: 201
+
+
+
+=== TEST 13: (the record of TEST 12 is at shop1:{sha256(NUL key)})
+--- init
+use Digest::SHA ();
+my $k = "shop1:{" . Digest::SHA::sha256_hex("\0lifecycle-12") . "}";
+my $n = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} EXISTS '$k'`;
+die "no record at $k" unless $n == 1;
+--- config
+    location = /t {
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
