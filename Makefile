@@ -50,7 +50,8 @@ bench: deps
 
 torture: deps
 	$(MAKE) module
-	TORTURE_FULL=1 TEST_FILES="t/020-torture.t t/030-soak.t" \
+	TORTURE_FULL=1 TEST_FILES="t/004-conflict.t t/005-redis.t \
+	    t/007-input.t t/020-torture.t t/030-soak.t" \
 	    ./util/test.sh "$(MODULE)"
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh key record
 
