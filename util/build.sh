@@ -29,5 +29,7 @@ fi
 make -f objs/Makefile modules > "$build/make.log" 2>&1 || {
     grep -E "error|warning" "$build/make.log" | head -40; exit 1; }
 
-cp objs/ngx_http_idempotency_module.so "$build/"
+# a new inode, not an overwrite: an nginx running the old one keeps it
+cp objs/ngx_http_idempotency_module.so "$build/.module.so.tmp"
+mv -f "$build/.module.so.tmp" "$build/ngx_http_idempotency_module.so"
 echo "built $build/ngx_http_idempotency_module.so"
