@@ -478,11 +478,18 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
                                 (u_char *) "syntax", 6 - 1)
                != NULL)
         {
-            /* Redis 6.2: no NX with GET; the script from now on */
-            ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                          "idempotency: redis \"%V\" refuses SET NX GET, "
-                          "claiming with a script", &ctx->redis->name);
-            ctx->redis->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+            /*
+             * Redis 6.2: no NX with GET; the script from now on.  Claims
+             * already pipelined meet the same refusal: one notice is enough.
+             */
+
+            if (ctx->redis->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET) {
+                ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
+                              "idempotency: redis \"%V\" refuses SET NX GET, "
+                              "claiming with a script", &ctx->redis->name);
+                ctx->redis->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+            }
+
             ctx->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
             ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
             return NGX_HTTP_IDEMPOTENCY_GO_ERROR;

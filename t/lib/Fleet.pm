@@ -16,7 +16,7 @@ use Exporter 'import';
 
 our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
                  http_post http_burst lines_of log_problems redis_cli
-                 redis_pid have_module);
+                 redis_cli_at redis_pid have_module);
 
 my $root;
 
@@ -180,8 +180,13 @@ sub log_problems {
 }
 
 sub redis_cli {
-    my $port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
-    my $cmd = join ' ', map { "'$_'" } @_;
+    return redis_cli_at($ENV{TEST_NGINX_REDIS_PORT} || 6379, @_);
+}
+
+# redis_cli_at(port, command, args...): the same against another Redis
+sub redis_cli_at {
+    my ($port, @args) = @_;
+    my $cmd = join ' ', map { "'$_'" } @args;
     my $out = `redis-cli -p $port $cmd 2>/dev/null`;
     chomp $out;
     return $out;
