@@ -15,8 +15,9 @@
 #define NGX_HTTP_IDEMPOTENCY_POLL_MAX  200
 
 
+static ngx_int_t ngx_http_idempotency_step(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf);
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key);
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_create_ctx(
@@ -46,6 +47,74 @@ static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
 ngx_int_t
 ngx_http_idempotency_handler(ngx_http_request_t *r)
 {
+    void                        *ret;
+    ngx_int_t                    rc;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    rc = ngx_http_idempotency_step(r);
+
+    if (rc != NGX_DECLINED) {
+        return rc;
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx == NULL || ctx->ret == NULL) {
+        return NGX_DECLINED;
+    }
+
+    /* the request goes on: its deferred return is its content handler */
+
+    ret = ctx->ret;
+    ctx->ret = NULL;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+    return ngx_http_idempotency_run_return(r, ret);
+}
+
+
+/*
+ * Called by the rewrite program instead of "return" (return.c): NGX_OK
+ * when the request is protected and the return is left for later.
+ */
+
+ngx_int_t
+ngx_http_idempotency_defer_return(ngx_http_request_t *r, void *code)
+{
+    ngx_str_t                         raw;
+    ngx_http_idempotency_ctx_t       *ctx;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    if (r != r->main || ngx_http_idempotency_get_ctx(r) != NULL) {
+        return NGX_DECLINED;
+    }
+
+    conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    if (!conf->enable || !(r->method & conf->methods)) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_idempotency_get_key(r, conf, &raw) == NGX_DECLINED
+        && !conf->required)
+    {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_http_idempotency_create_ctx(r, conf);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->ret = code;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_step(ngx_http_request_t *r)
+{
     ngx_http_idempotency_ctx_t       *ctx;
     ngx_http_idempotency_loc_conf_t  *conf;
 
@@ -62,10 +131,14 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
             return NGX_DECLINED;
         }
 
-        return ngx_http_idempotency_start(r, conf);
+        return ngx_http_idempotency_start(r, conf, NULL);
     }
 
     switch (ctx->state) {
+
+    case NGX_HTTP_IDEMPOTENCY_ST_INIT:
+        /* a return deferred from the rewrite phase */
+        return ngx_http_idempotency_start(r, ctx->conf, ctx);
 
     case NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE:
         return ngx_http_idempotency_claim(r, ctx);
@@ -119,11 +192,10 @@ ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
 
 static ngx_int_t
 ngx_http_idempotency_start(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_int_t                    rc;
-    ngx_str_t                    raw, key;
-    ngx_http_idempotency_ctx_t  *ctx;
+    ngx_int_t  rc;
+    ngx_str_t  raw, key;
 
     rc = ngx_http_idempotency_get_key(r, conf, &raw);
 
@@ -135,9 +207,11 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    ctx = ngx_http_idempotency_create_ctx(r, conf);
     if (ctx == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        ctx = ngx_http_idempotency_create_ctx(r, conf);
+        if (ctx == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
     }
 
     if (rc == NGX_DECLINED) {

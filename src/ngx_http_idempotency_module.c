@@ -410,6 +410,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     if (conf->enable) {
         conf->redis->used = 1;
 
+        if (ngx_http_idempotency_return_patch(cf) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+
         if (conf->redis->timeout == 0
             || conf->redis_timeout < conf->redis->timeout)
         {

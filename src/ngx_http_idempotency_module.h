@@ -188,6 +188,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_http_idempotency_loc_conf_t *conf;
     ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_op_t       *op;
+    void                            *ret;        /* a deferred "return" */
 
     ngx_uint_t                       state;
     ngx_uint_t                       go;
@@ -246,6 +247,8 @@ ngx_uint_t ngx_http_idempotency_store_status_ok(
 
 /* handler.c */
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_defer_return(ngx_http_request_t *r,
+    void *code);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 
@@ -313,6 +316,11 @@ void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_ops_done(void);
+
+/* return.c */
+ngx_int_t ngx_http_idempotency_return_patch(ngx_conf_t *cf);
+ngx_int_t ngx_http_idempotency_run_return(ngx_http_request_t *r,
+    void *code);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
