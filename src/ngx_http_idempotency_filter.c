@@ -17,6 +17,7 @@ static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_consume(ngx_chain_t *in);
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
@@ -79,6 +80,10 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 
     rc = ngx_http_idempotency_next_header(r);
 
+    if (rc == NGX_ERROR && ngx_http_idempotency_client_gone(r, ctx)) {
+        rc = NGX_OK;
+    }
+
     if (ctx->capturing && r->header_only) {
         /* no body will follow (204, HEAD) */
         ctx->capture.expected = 0;
@@ -95,7 +100,9 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 ngx_int_t
 ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
+    ngx_int_t                    rc;
     ngx_buf_t                   *b;
+    ngx_uint_t                   last;
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
 
@@ -109,6 +116,8 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         return ngx_http_idempotency_next_body(r, in);
     }
 
+    last = 0;
+
     for (cl = in; cl; cl = cl->next) {
         b = cl->buf;
 
@@ -118,11 +127,37 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
         if (b->last_buf) {
             ngx_http_idempotency_store(r, ctx);
+            last = 1;
             break;
         }
     }
 
-    return ngx_http_idempotency_next_body(r, in);
+    if (!ctx->gone) {
+        rc = ngx_http_idempotency_next_body(r, in);
+
+        if (rc != NGX_ERROR || !ngx_http_idempotency_client_gone(r, ctx)) {
+            return rc;
+        }
+    }
+
+    /* the client is gone: the upstream goes on for the record alone */
+
+    ngx_http_idempotency_consume(in);
+
+    return (ctx->capturing || last) ? NGX_OK : NGX_ERROR;
+}
+
+
+static void
+ngx_http_idempotency_consume(ngx_chain_t *in)
+{
+    for ( /* void */ ; in; in = in->next) {
+        in->buf->pos = in->buf->last;
+
+        if (in->buf->in_file) {
+            in->buf->file_pos = in->buf->file_last;
+        }
+    }
 }
 
 

@@ -665,6 +665,8 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         /* the not_modified filter runs above ours: never store a 304 */
         r->disable_not_modified = 1;
 
+        ngx_http_idempotency_keep_upstream(r, ctx);
+
         return NGX_DECLINED;
 
     case NGX_HTTP_IDEMPOTENCY_GO_REPLAY:
@@ -819,6 +821,7 @@ ngx_http_idempotency_cleanup(void *data)
     }
 
     ngx_http_idempotency_fingerprint_free(ctx);
+    ngx_http_idempotency_keep_done(r, ctx);
 
     if (!ctx->owner || ctx->finished) {
         return;

@@ -200,6 +200,8 @@ struct ngx_http_idempotency_ctx_s {
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
     ngx_event_t                      timeout;
+    ngx_event_handler_pt             read_handler;   /* the connection's */
+    ngx_event_handler_pt             write_handler;
     ngx_msec_t                       wait_until;
     ngx_msec_t                       poll_delay;
 
@@ -211,6 +213,7 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         capturing:1;
     unsigned                         finished:1;
     unsigned                         header_seen:1;
+    unsigned                         gone:1;     /* the client went away */
 };
 
 
@@ -316,6 +319,14 @@ void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_ops_done(void);
+
+/* abort.c */
+void ngx_http_idempotency_keep_upstream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_keep_done(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 
 /* return.c */
 ngx_int_t ngx_http_idempotency_return_patch(ngx_conf_t *cf);

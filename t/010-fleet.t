@@ -153,6 +153,24 @@ sleep 0.5;
     is($bc, $ba, "the same body over every protocol");
 }
 
+# 5. an HTTP/2 client that goes away while its request runs upstream
+# (proxy_ignore_client_abort off): the answer is still read and stored
+for my $proto (["--http2-prior-knowledge", "http://127.0.0.1:$h2c_port"],
+               ["--http2", "https://127.0.0.1:$tls_port"])
+{
+    my ($flag, $url) = @$proto;
+    my $key = "fleet-h2-abort-$flag-" . time();
+    my $before = executions();
+    system("curl -sk --max-time 0.2 -o /dev/null $flag"
+           . " -H 'Idempotency-Key: $key' --data-binary x $url/pay");
+    sleep 0.8 * $slow;
+    my $r = http_post($ports[0], $key, 'x');
+    is($r->{status}, 200, "$flag: client gone, retry 200");
+    like($r->{head}, qr/Idempotent-Replayed: true/,
+         "...a replay of the answer read after the client left");
+    is(executions() - $before, 1, "...executed once");
+}
+
 nginx_stop($_) for @edges, $backend;
 
 for my $dir (@edges) {

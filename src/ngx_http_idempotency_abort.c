@@ -1,0 +1,176 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The owner's response outlives its client (SPEC §3): once the request
+ * may have run upstream, its result must be stored even if the client
+ * went away, or a retry after idempotency_lock_ttl would run it again.
+ *
+ * Unless proxy_ignore_client_abort (fastcgi_, uwsgi_, scgi_...) is on,
+ * the upstream module closes the upstream connection when a client event
+ * shows that the client is gone.  While the owner's response is not yet
+ * complete we keep those events from it: a read event, or a write event
+ * before the response header, that finds the client gone is dropped.
+ * Once writing to the client fails, the filters go on capturing without
+ * passing the response down (ngx_http_idempotency_client_gone()).
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+static void ngx_http_idempotency_conn_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_peer_closed(ngx_http_request_t *r,
+    ngx_event_t *ev);
+
+
+void
+ngx_http_idempotency_keep_upstream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    if (c->read->handler == ngx_http_idempotency_conn_handler) {
+        return;
+    }
+
+    ctx->read_handler = c->read->handler;
+    ctx->write_handler = c->write->handler;
+
+    c->read->handler = ngx_http_idempotency_conn_handler;
+    c->write->handler = ngx_http_idempotency_conn_handler;
+}
+
+
+/* the request ends: the connection's next user gets nginx's handlers */
+
+void
+ngx_http_idempotency_keep_done(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    if (c->read->handler == ngx_http_idempotency_conn_handler) {
+        c->read->handler = ctx->read_handler;
+    }
+
+    if (c->write->handler == ngx_http_idempotency_conn_handler) {
+        c->write->handler = ctx->write_handler;
+    }
+}
+
+
+static void
+ngx_http_idempotency_conn_handler(ngx_event_t *ev)
+{
+    ngx_connection_t            *c;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    c = ev->data;
+    r = c->data;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    if (ctx == NULL) {
+        /* cannot happen: nginx resets the handlers with the request */
+        ngx_log_error(NGX_LOG_ALERT, c->log, 0,
+                      "idempotency: connection event without a request");
+        return;
+    }
+
+    if (ctx->owner
+        && !ctx->finished
+        && r->main->upstream
+        && !ev->timedout
+        && (!ev->write || !r->main->header_sent)
+        && ngx_http_idempotency_peer_closed(r->main, ev))
+    {
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                       "idempotency: client gone, upstream kept");
+
+        if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && ev->active) {
+            if (ngx_del_event(ev, ev->write ? NGX_WRITE_EVENT
+                                            : NGX_READ_EVENT, 0)
+                != NGX_OK)
+            {
+                c->error = 1;
+            }
+        }
+
+        return;
+    }
+
+    if (ev->write) {
+        ctx->write_handler(ev);
+
+    } else {
+        ctx->read_handler(ev);
+    }
+}
+
+
+/* what the upstream module's broken-connection check would conclude */
+
+static ngx_uint_t
+ngx_http_idempotency_peer_closed(ngx_http_request_t *r, ngx_event_t *ev)
+{
+    int                n;
+    char               buf[1];
+    ngx_err_t          err;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    if (c->error || ev->eof) {
+        return 1;
+    }
+
+#if (NGX_HTTP_V2)
+    if (r->stream) {
+        /* HTTP/2 marks a reset or closed stream with c->error */
+        return 0;
+    }
+#endif
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+    err = ngx_socket_errno;
+
+    if (n > 0 || (n == -1 && err == NGX_EAGAIN)) {
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/*
+ * Called by the filters when passing the response down failed: if the
+ * client is gone while the owner's response is still being captured,
+ * the rest is captured and not sent.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    if (ctx->gone) {
+        return 1;
+    }
+
+    if (!ctx->capturing || !r->connection->error) {
+        return 0;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "idempotency: client closed the connection, the response "
+                  "is still read and stored");
+
+    ctx->gone = 1;
+
+    return 1;
+}
