@@ -126,7 +126,9 @@ ngx_http_idempotency_peer_closed(ngx_http_request_t *r, ngx_event_t *ev)
 
     c = r->connection;
 
-    if (c->error || ev->eof) {
+    /* epoll's EPOLLRDHUP: what nginx itself trusts, TLS included */
+
+    if (c->error || ev->eof || ev->pending_eof) {
         return 1;
     }
 
@@ -136,6 +138,8 @@ ngx_http_idempotency_peer_closed(ngx_http_request_t *r, ngx_event_t *ev)
         return 0;
     }
 #endif
+
+    /* a TLS close_notify not read yet is data, then EOF comes with RDHUP */
 
     n = recv(c->fd, buf, 1, MSG_PEEK);
     err = ngx_socket_errno;

@@ -153,10 +153,11 @@ sleep 0.5;
     is($bc, $ba, "the same body over every protocol");
 }
 
-# 5. an HTTP/2 client that goes away while its request runs upstream
+# 5. an HTTP/2 or TLS client that goes away while its request runs upstream
 # (proxy_ignore_client_abort off): the answer is still read and stored
 for my $proto (["--http2-prior-knowledge", "http://127.0.0.1:$h2c_port"],
-               ["--http2", "https://127.0.0.1:$tls_port"])
+               ["--http2", "https://127.0.0.1:$tls_port"],
+               ["--http1.1", "https://127.0.0.1:$tls_port"])
 {
     my ($flag, $url) = @$proto;
     my $key = "fleet-h2-abort-$flag-" . time();
