@@ -31,6 +31,8 @@ fi
 module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
+# shellcheck source=bench/conf.sh
+. bench/conf.sh
 
 NGINX=${NGINX:-/usr/sbin/nginx}
 DIR=${PROFILE_DIR:-/tmp/ngx-idempotency-profile}
@@ -83,76 +85,18 @@ done
 rm -rf "$DIR"
 mkdir -p "$DIR"/{upstream,plain,module,redis,www}
 
-head='{"amount":1000,"currency":"EUR","customer":"cus_bench","description":"'
-{ printf '%s' "$head"; head -c $((BODY_SIZE - ${#head} - 2)) /dev/zero | tr '\0' x
-  printf '"}'; } > "$DIR/body.json"
-{ printf '%s' "$head"; head -c $((262144 - ${#head} - 2)) /dev/zero | tr '\0' x
-  printf '"}'; } > "$DIR/www/large.json"
+body "$DIR/body.json" "$BODY_SIZE"
+body "$DIR/www/large.json" 262144
 
-cat > "$DIR/upstream/nginx.conf" <<EOF
-worker_processes 1;
-pid $DIR/upstream/nginx.pid;
-error_log $DIR/upstream/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    server {
-        listen 127.0.0.1:$UPSTREAM_PORT;
-        location / {
-            default_type application/json;
-            return 201 '{"id":"ok"}';
-        }
-        location = /large {
-            error_page 405 =201 /large.json;
-            return 405;
-        }
-        location = /large.json {
-            internal;
-            root $DIR/www;
-            default_type application/json;
-        }
-    }
-}
-EOF
+upstream_conf "$DIR" "$UPSTREAM_PORT" 1
 
-# edge NAME PORT LOAD_MODULE LOCATION_EXTRA
-edge_conf() {
-    cat > "$DIR/$1/nginx.conf" <<EOF
-$3
-daemon off;
-master_process off;
-worker_processes 1;
-pid $DIR/$1/nginx.pid;
-error_log $DIR/$1/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    upstream backend {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 32;
-    }
-    client_body_buffer_size 128k;
-    proxy_buffer_size 16k;
-    proxy_buffers 32 16k;
-    proxy_busy_buffers_size 64k;
-    server {
-        listen 127.0.0.1:$2;
-        location = /bench-status {
-            stub_status;
-        }
-        location / {
-$4
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_pass http://backend;
-        }
-    }
-}
-EOF
-}
-
-edge_conf plain "$PLAIN_PORT" "" ""
-edge_conf module "$MODULE_PORT" "load_module $module;" \
+# one process, in the foreground, under valgrind
+single='daemon off;
+master_process off;'
+edge_conf "$DIR" plain "$PLAIN_PORT" "$UPSTREAM_PORT" "$single" "" "" ""
+edge_conf "$DIR" module "$MODULE_PORT" "$UPSTREAM_PORT" \
+    "load_module $module;
+$single" "" "" \
     "            idempotency on;
             idempotency_redis 127.0.0.1:$REDIS_PORT;"
 

@@ -50,6 +50,8 @@ fi
 module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
+# shellcheck source=bench/conf.sh
+. bench/conf.sh
 
 NGINX=${NGINX:-/usr/sbin/nginx}
 DIR=${BENCH_DIR:-/tmp/ngx-idempotency-bench}
@@ -168,115 +170,20 @@ mkdir -p "$DIR"/{upstream,plain,module,wrk,www,redis}
 
 # --- request bodies and the large response ----------------------------------
 
-# body FILE SIZE: a JSON object of exactly SIZE bytes
-body() {
-    local head='{"amount":1000,"currency":"EUR","customer":"cus_bench","description":"'
-    local pad=$(($2 - ${#head} - 2))
-    { printf '%s' "$head"; head -c "$pad" /dev/zero | tr '\0' x; printf '"}'; } > "$1"
-}
-
 body "$DIR/body-small.json" "$SMALL_BODY"
 body "$DIR/body-large.json" "$LARGE_BODY"
 body "$DIR/www/large.json" "$LARGE_RESPONSE"
 
 # --- configuration ----------------------------------------------------------
 
-cat > "$DIR/upstream/nginx.conf" <<EOF
-# the stand-in API: as cheap as nginx can answer, so it is not what is measured
-worker_processes $UPSTREAM_WORKERS;
-worker_rlimit_nofile 16384;
-pid $DIR/upstream/nginx.pid;
-error_log $DIR/upstream/error.log warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    log_format keys '\$http_idempotency_key';
-    client_body_buffer_size 128k;
+upstream_conf "$DIR" "$UPSTREAM_PORT" "$UPSTREAM_WORKERS"
 
-    server {
-        listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
-
-        # one line per request that reached the upstream, flushed by USR1
-        access_log $DIR/upstream/requests.log keys buffer=256k;
-
-        location / {
-            default_type application/json;
-            return 201 '{"id":"ok"}';
-        }
-
-        # a 256 KB answer to a POST: error_page turns the 405 into a 201
-        # carrying the file (an internal redirect makes it a GET)
-        location = /large {
-            error_page 405 =201 /large.json;
-            return 405;
-        }
-
-        location = /large.json {
-            internal;
-            root $DIR/www;
-            default_type application/json;
-        }
-    }
-}
-EOF
-
-# edge NAME PORT LOAD_MODULE MAP_INPUT MAP_KEYS LOCATION_EXTRA
-edge_conf() {
-    cat > "$DIR/$1/nginx.conf" <<EOF
-$3
-worker_processes 1;
-worker_rlimit_nofile 16384;
-pid $DIR/$1/nginx.pid;
-error_log $DIR/$1/error.log warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-
-    # only requests that are not what the scenario expects are logged
-    map "$4" \$bench_bad {
-$5
-        default 1;
-    }
-    log_format bad '\$status "$4" \$request_method \$uri '
-                   '\$http_idempotency_key';
-
-    upstream backend {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 32;
-    }
-
-    # the 64 KB request and the 256 KB response stay in memory on both edges
-    client_body_buffer_size 128k;
-    proxy_buffer_size 16k;
-    proxy_buffers 32 16k;
-    proxy_busy_buffers_size 64k;
-
-    server {
-        listen 127.0.0.1:$2 backlog=4096;
-
-        # the bench reads the number of requests the edge handled here
-        location = /bench-status {
-            stub_status;
-        }
-
-        location / {
-            access_log $DIR/$1/bad.log bad if=\$bench_bad;
-$6
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_pass http://backend;
-        }
-    }
-}
-EOF
-}
-
-edge_conf plain "$PLAIN_PORT" "" \
+edge_conf "$DIR" plain "$PLAIN_PORT" "$UPSTREAM_PORT" "" \
     '$status $http_x_bench_expect' \
     '        "201 new" 0; "201 replay" 0; "201 bypass" 0;' \
     ""
 
-edge_conf module "$MODULE_PORT" "load_module $module;" \
+edge_conf "$DIR" module "$MODULE_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0; "201 bypass bypass" 0;' \
     "            idempotency on;
