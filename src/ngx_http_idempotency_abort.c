@@ -20,6 +20,8 @@
 
 
 static void ngx_http_idempotency_conn_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_event_t *wev);
 static ngx_uint_t ngx_http_idempotency_peer_closed(ngx_http_request_t *r,
     ngx_event_t *ev);
 
@@ -83,26 +85,34 @@ ngx_http_idempotency_conn_handler(ngx_event_t *ev)
         return;
     }
 
-    if (ctx->owner
-        && !ctx->finished
-        && r->main->upstream
-        && !ev->timedout
-        && (!ev->write || !r->main->header_sent)
-        && ngx_http_idempotency_peer_closed(r->main, ev))
-    {
-        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
-                       "idempotency: client gone, upstream kept");
+    if (ctx->owner && !ctx->finished && r->main->upstream) {
 
-        if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && ev->active) {
-            if (ngx_del_event(ev, ev->write ? NGX_WRITE_EVENT
-                                            : NGX_READ_EVENT, 0)
-                != NGX_OK)
-            {
-                c->error = 1;
+        if (c->close && ngx_exiting) {
+            /* worker_shutdown_timeout: the request ends, the claim stays */
+
+        } else if (ev->timedout) {
+
+            if (ev->write && ctx->capturing) {
+                ngx_http_idempotency_send_timeout(r->main, ctx, ev);
             }
-        }
 
-        return;
+        } else if ((!ev->write || !r->main->header_sent)
+                   && ngx_http_idempotency_peer_closed(r->main, ev))
+        {
+            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                           "idempotency: client gone, upstream kept");
+
+            if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && ev->active) {
+                if (ngx_del_event(ev, ev->write ? NGX_WRITE_EVENT
+                                                : NGX_READ_EVENT, 0)
+                    != NGX_OK)
+                {
+                    c->error = 1;
+                }
+            }
+
+            return;
+        }
     }
 
     if (ev->write) {
@@ -111,6 +121,35 @@ ngx_http_idempotency_conn_handler(ngx_event_t *ev)
     } else {
         ctx->read_handler(ev);
     }
+}
+
+
+/*
+ * send_timeout while the owner's response streams: the client stopped
+ * reading, but the upstream has run.  The client is treated as gone, as
+ * if it had closed: the upstream is read to its end and the response is
+ * captured and stored, never sent.  The write event looks ready so that
+ * the upstream module passes on what it holds.
+ */
+
+static void
+ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_event_t *wev)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                  "idempotency: client timed out, the response is still "
+                  "read and stored");
+
+    c->timedout = 1;
+    c->error = 1;
+    ctx->gone = 1;
+
+    wev->timedout = 0;
+    wev->ready = 1;
 }
 
 

@@ -106,7 +106,7 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    if (in == NULL || r != r->main) {
+    if (r != r->main) {
         return ngx_http_idempotency_next_body(r, in);
     }
 
@@ -114,6 +114,11 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     if (ctx == NULL || !ctx->capturing) {
         return ngx_http_idempotency_next_body(r, in);
+    }
+
+    if (in == NULL) {
+        /* a flush of what the client will never read */
+        return ctx->gone ? NGX_OK : ngx_http_idempotency_next_body(r, in);
     }
 
     last = 0;

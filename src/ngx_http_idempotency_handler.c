@@ -15,9 +15,11 @@
 #define NGX_HTTP_IDEMPOTENCY_POLL_MAX  200
 
 
-static ngx_int_t ngx_http_idempotency_step(ngx_http_request_t *r);
+static ngx_http_idempotency_ctx_t *ngx_http_idempotency_redirected(
+    ngx_http_request_t *r);
+static void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_ctx_t *ctx);
+    ngx_http_idempotency_loc_conf_t *conf);
 static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key);
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_create_ctx(
@@ -47,74 +49,6 @@ static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
 ngx_int_t
 ngx_http_idempotency_handler(ngx_http_request_t *r)
 {
-    void                        *ret;
-    ngx_int_t                    rc;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    rc = ngx_http_idempotency_step(r);
-
-    if (rc != NGX_DECLINED) {
-        return rc;
-    }
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
-
-    if (ctx == NULL || ctx->ret == NULL) {
-        return NGX_DECLINED;
-    }
-
-    /* the request goes on: its deferred return is its content handler */
-
-    ret = ctx->ret;
-    ctx->ret = NULL;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
-
-    return ngx_http_idempotency_run_return(r, ret);
-}
-
-
-/*
- * Called by the rewrite program instead of "return" (return.c): NGX_OK
- * when the request is protected and the return is left for later.
- */
-
-ngx_int_t
-ngx_http_idempotency_defer_return(ngx_http_request_t *r, void *code)
-{
-    ngx_str_t                         raw;
-    ngx_http_idempotency_ctx_t       *ctx;
-    ngx_http_idempotency_loc_conf_t  *conf;
-
-    if (r != r->main || ngx_http_idempotency_get_ctx(r) != NULL) {
-        return NGX_DECLINED;
-    }
-
-    conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
-
-    if (!conf->enable || !(r->method & conf->methods)) {
-        return NGX_DECLINED;
-    }
-
-    if (ngx_http_idempotency_get_key(r, conf, &raw) == NGX_DECLINED
-        && !conf->required)
-    {
-        return NGX_DECLINED;
-    }
-
-    ctx = ngx_http_idempotency_create_ctx(r, conf);
-    if (ctx == NULL) {
-        return NGX_ERROR;
-    }
-
-    ctx->ret = code;
-
-    return NGX_OK;
-}
-
-
-static ngx_int_t
-ngx_http_idempotency_step(ngx_http_request_t *r)
-{
     ngx_http_idempotency_ctx_t       *ctx;
     ngx_http_idempotency_loc_conf_t  *conf;
 
@@ -122,7 +56,11 @@ ngx_http_idempotency_step(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
-    ctx = ngx_http_idempotency_get_ctx(r);
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx == NULL && r->internal) {
+        ctx = ngx_http_idempotency_redirected(r);
+    }
 
     if (ctx == NULL) {
         conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
@@ -131,14 +69,24 @@ ngx_http_idempotency_step(ngx_http_request_t *r)
             return NGX_DECLINED;
         }
 
-        return ngx_http_idempotency_start(r, conf, NULL);
+        /*
+         * An error page (access refused, a body that failed, a 404 sent
+         * to a named location) answers for a request that did not run:
+         * it never starts an execution of its own.  "error_page 403 =
+         * @named" clears err_status, but not error_page.
+         */
+
+        if (r->err_status || r->error_page) {
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "idempotency: error page %ui, not protected",
+                           r->err_status);
+            return NGX_DECLINED;
+        }
+
+        return ngx_http_idempotency_start(r, conf);
     }
 
     switch (ctx->state) {
-
-    case NGX_HTTP_IDEMPOTENCY_ST_INIT:
-        /* a return deferred from the rewrite phase */
-        return ngx_http_idempotency_start(r, ctx->conf, ctx);
 
     case NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE:
         return ngx_http_idempotency_claim(r, ctx);
@@ -151,16 +99,47 @@ ngx_http_idempotency_step(ngx_http_request_t *r)
     case NGX_HTTP_IDEMPOTENCY_ST_POLLING:
         return NGX_AGAIN;
 
-    default: /* NGX_HTTP_IDEMPOTENCY_ST_DONE, again after a redirect */
+    default: /* NGX_HTTP_IDEMPOTENCY_ST_DONE */
         return NGX_DECLINED;
     }
 }
 
 
 /*
- * The ctx lives in r->pool; an internal redirect (error_page, try_files,
- * X-Accel-Redirect) wipes r->ctx but not the pool, so we find it again
- * through our pool cleanup instead of claiming the key a second time.
+ * An internal redirect (error_page, try_files, rewrite ... last,
+ * X-Accel-Redirect, a named location) clears r->ctx, and the request is
+ * judged by the location it is in now.  Only a claim already won
+ * carries over: it is finished by whatever response the request ends
+ * with, under the rules of the location that claimed.
+ */
+
+static ngx_http_idempotency_ctx_t *
+ngx_http_idempotency_redirected(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    if (!ctx->owner) {
+        /* a body that failed left its handler waiting: nothing waits now */
+        ngx_http_idempotency_abandon(ctx);
+        return NULL;
+    }
+
+    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+
+    return ctx;
+}
+
+
+/*
+ * The ctx lives in r->pool, registered as a pool cleanup, so the filters
+ * and $idempotency_status find the newest one of the request even after
+ * an internal redirect cleared r->ctx.
  */
 
 ngx_http_idempotency_ctx_t *
@@ -180,7 +159,6 @@ ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
             ctx = cln->data;
 
             if (ctx->request == r) {
-                ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
                 return ctx;
             }
         }
@@ -192,10 +170,11 @@ ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
 
 static ngx_int_t
 ngx_http_idempotency_start(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_ctx_t *ctx)
+    ngx_http_idempotency_loc_conf_t *conf)
 {
-    ngx_int_t  rc;
-    ngx_str_t  raw, key;
+    ngx_int_t                    rc;
+    ngx_str_t                    raw, key;
+    ngx_http_idempotency_ctx_t  *ctx;
 
     rc = ngx_http_idempotency_get_key(r, conf, &raw);
 
@@ -207,11 +186,9 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    ctx = ngx_http_idempotency_create_ctx(r, conf);
     if (ctx == NULL) {
-        ctx = ngx_http_idempotency_create_ctx(r, conf);
-        if (ctx == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     if (rc == NGX_DECLINED) {
@@ -801,6 +778,24 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
 }
 
 
+/* a late reply finds no request; a claim it won is released then */
+
+static void
+ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
+{
+    if (ctx->op) {
+        ctx->op->request = NULL;
+        ctx->op = NULL;
+    }
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+}
+
+
 static void
 ngx_http_idempotency_cleanup(void *data)
 {
@@ -811,15 +806,7 @@ ngx_http_idempotency_cleanup(void *data)
 
     r = ctx->request;
 
-    if (ctx->op) {
-        ctx->op->request = NULL;
-        ctx->op = NULL;
-    }
-
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
-    }
-
+    ngx_http_idempotency_abandon(ctx);
     ngx_http_idempotency_fingerprint_free(ctx);
     ngx_http_idempotency_keep_done(r, ctx);
 
@@ -828,20 +815,20 @@ ngx_http_idempotency_cleanup(void *data)
     }
 
     /*
-     * The owner ends without a stored response.  If the client went away
-     * after the upstream got the request, the operation may have run: keep
-     * the claim (409 until idempotency_lock_ttl) rather than risk running
-     * it twice.  Otherwise release it so that a retry executes.
+     * The owner ends without a stored response.  Once the upstream got the
+     * request the operation may have run (the client went away, stalled
+     * until send_timeout, the worker shut down): keep the claim, 409 until
+     * idempotency_lock_ttl, rather than risk running it twice.  Otherwise
+     * release it so that a retry executes.
      */
 
     u = r->upstream;
 
-    if (r->connection->error && u && u->request_sent) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: client closed the connection after the "
-                      "request was sent upstream, the key stays claimed "
-                      "until idempotency_lock_ttl (see "
-                      "proxy_ignore_client_abort)");
+    if (u && u->request_sent) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the request ended before its response "
+                      "was stored, after it was sent upstream; the key "
+                      "stays claimed until idempotency_lock_ttl");
         ctx->finished = 1;
         return;
     }

@@ -359,6 +359,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_POST|NGX_HTTP_PATCH));
+
+    /* the "set" bit is NGX_HTTP_UNKNOWN's: unknown methods are never ours */
+    conf->methods &= ~NGX_CONF_BITMASK_SET;
     ngx_conf_merge_value(conf->required, prev->required, 0);
     ngx_conf_merge_msec_value(conf->ttl, prev->ttl, 86400000);
     ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 60000);
@@ -409,10 +412,6 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     if (conf->enable) {
         conf->redis->used = 1;
-
-        if (ngx_http_idempotency_return_patch(cf) != NGX_OK) {
-            return NGX_CONF_ERROR;
-        }
 
         if (conf->redis->timeout == 0
             || conf->redis_timeout < conf->redis->timeout)

@@ -188,7 +188,6 @@ struct ngx_http_idempotency_ctx_s {
     ngx_http_idempotency_loc_conf_t *conf;
     ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_op_t       *op;
-    void                            *ret;        /* a deferred "return" */
 
     ngx_uint_t                       state;
     ngx_uint_t                       go;
@@ -250,8 +249,6 @@ ngx_uint_t ngx_http_idempotency_store_status_ok(
 
 /* handler.c */
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idempotency_defer_return(ngx_http_request_t *r,
-    void *code);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 
@@ -327,11 +324,6 @@ void ngx_http_idempotency_keep_done(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-
-/* return.c */
-ngx_int_t ngx_http_idempotency_return_patch(ngx_conf_t *cf);
-ngx_int_t ngx_http_idempotency_run_return(ngx_http_request_t *r,
-    void *code);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
