@@ -17,7 +17,8 @@ static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_consume(ngx_chain_t *in);
+static void ngx_http_idempotency_consume(ngx_http_request_t *r,
+    ngx_chain_t *in);
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
@@ -116,9 +117,8 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         return ngx_http_idempotency_next_body(r, in);
     }
 
-    if (in == NULL) {
-        /* a flush of what the client will never read */
-        return ctx->gone ? NGX_OK : ngx_http_idempotency_next_body(r, in);
+    if (in == NULL && !ctx->gone) {
+        return ngx_http_idempotency_next_body(r, in);
     }
 
     last = 0;
@@ -147,22 +147,36 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     /* the client is gone: the upstream goes on for the record alone */
 
-    ngx_http_idempotency_consume(in);
+    ngx_http_idempotency_consume(r, in);
 
     return (ctx->capturing || last) ? NGX_OK : NGX_ERROR;
 }
 
 
-static void
-ngx_http_idempotency_consume(ngx_chain_t *in)
-{
-    for ( /* void */ ; in; in = in->next) {
-        in->buf->pos = in->buf->last;
+/*
+ * The client is gone: what the write filter holds for it and what comes
+ * now are consumed, so that the buffers above us (the copy filter's, the
+ * upstream's) are free again and the response reaches its end.
+ */
 
-        if (in->buf->in_file) {
-            in->buf->file_pos = in->buf->file_last;
+static void
+ngx_http_idempotency_consume(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_uint_t    i;
+    ngx_chain_t  *cl;
+
+    for (i = 0; i < 2; i++) {
+        for (cl = i ? in : r->out; cl; cl = cl->next) {
+            cl->buf->pos = cl->buf->last;
+
+            if (cl->buf->in_file) {
+                cl->buf->file_pos = cl->buf->file_last;
+            }
         }
     }
+
+    r->out = NULL;
+    r->connection->buffered &= ~NGX_HTTP_WRITE_BUFFERED;
 }
 
 

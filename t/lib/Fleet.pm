@@ -35,19 +35,24 @@ sub fleet_root {
 
 sub nginx_bin { $ENV{TEST_NGINX_BINARY} || 'nginx' }
 
-# nginx_conf(name, http_body, workers) -> dir
+# nginx_conf(name, http_body, workers, main_directives) -> dir
 sub nginx_conf {
-    my ($name, $body, $workers) = @_;
+    my ($name, $body, $workers, $main) = @_;
     my $dir = "$root/$name";
     make_path("$dir/logs", "$dir/conf");
     my $load = join '', map { "load_module $_;\n" }
                grep { $_ } split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
     $workers //= 2;
+    # as root, workers would run as nobody, which cannot reach a checkout
+    # under a 0700 directory (a clone in /root): Test::Nginx does the same
+    my $user = $> == 0 ? "user root;" : "";
     open my $fh, '>', "$dir/conf/nginx.conf" or die $!;
     print $fh <<"EOC";
 $load
+$user
 worker_processes $workers;
-error_log logs/error.log info;
+@{[ $main // '' ]}
+error_log logs/error.log @{[ $ENV{FLEET_LOG_LEVEL} || "info" ]};
 pid logs/nginx.pid;
 worker_rlimit_nofile 8192;
 events { worker_connections 4096; }
