@@ -12,6 +12,8 @@
 static ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_idempotency_key_hash_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
 static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
@@ -238,19 +240,36 @@ static ngx_str_t  ngx_http_idempotency_status_names[] = {
 static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
 
 
+/* not cacheable: both change while the request runs */
+
+static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
+
+    { ngx_string("idempotency_status"), NULL,
+      ngx_http_idempotency_status_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_key_hash"), NULL,
+      ngx_http_idempotency_key_hash_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
 static ngx_int_t
 ngx_http_idempotency_add_variables(ngx_conf_t *cf)
 {
-    ngx_http_variable_t  *var;
+    ngx_http_variable_t  *var, *v;
 
-    static ngx_str_t  name = ngx_string("idempotency_status");
+    for (v = ngx_http_idempotency_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
 
-    var = ngx_http_add_variable(cf, &name, NGX_HTTP_VAR_NOCACHEABLE);
-    if (var == NULL) {
-        return NGX_ERROR;
+        var->get_handler = v->get_handler;
+        var->data = v->data;
     }
-
-    var->get_handler = ngx_http_idempotency_status_variable;
 
     return NGX_OK;
 }
@@ -272,6 +291,48 @@ ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = ngx_http_idempotency_status_names[status].data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The hex SHA-256 between the braces of the record key: it names the
+ * record in Redis without revealing the client's key.  Not found until a
+ * valid key was hashed.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_key_hash_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    size_t                       len;
+    ngx_str_t                   *rkey;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    len = 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+
+    if (ctx == NULL || ctx->rkey.len < len + 2) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    rkey = &ctx->rkey;
+
+    if (rkey->data[rkey->len - 1] != '}'
+        || rkey->data[rkey->len - len - 2] != '{')
+    {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = rkey->data + rkey->len - len - 1;
 
     return NGX_OK;
 }
