@@ -422,7 +422,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                                   |NGX_HTTP_POST|NGX_HTTP_PATCH));
     ngx_conf_merge_value(conf->required, prev->required, 0);
     ngx_conf_merge_msec_value(conf->ttl, prev->ttl, 86400000);
-    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 60000);
+    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 120000);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
     ngx_conf_merge_ptr_value(conf->store_status, prev->store_status, NULL);
     ngx_conf_merge_size_value(conf->store_max_size, prev->store_max_size,
