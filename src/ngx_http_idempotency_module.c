@@ -24,6 +24,13 @@ static char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
+    void *data);
+static size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
 static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static ngx_http_idempotency_redis_t *ngx_http_idempotency_add_server(
@@ -57,8 +64,23 @@ static ngx_conf_enum_t  ngx_http_idempotency_on_error[] = {
 };
 
 
+/*
+ * Bounds are checked as each directive is read, so that an error names the
+ * directive's own line rather than the end of http{}, where merging runs.
+ */
+
 static ngx_conf_num_bounds_t  ngx_http_idempotency_key_length_bounds = {
-    ngx_conf_check_num_bounds, 1, 1024
+    ngx_http_idempotency_check_size, 1, 1024
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_idempotency_ttl_bounds = {
+    ngx_http_idempotency_check_msec, 1000, -1
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_idempotency_timeout_bounds = {
+    ngx_http_idempotency_check_msec, 1, -1
 };
 
 
@@ -83,7 +105,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, redis_timeout),
-      NULL },
+      &ngx_http_idempotency_timeout_bounds },
 
     { ngx_string("idempotency_redis_prefix"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -115,7 +137,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_methods"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_conf_set_bitmask_slot,
+      ngx_http_idempotency_methods,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, methods),
       &ngx_http_idempotency_methods_mask },
@@ -132,14 +154,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, ttl),
-      NULL },
+      &ngx_http_idempotency_ttl_bounds },
 
     { ngx_string("idempotency_lock_ttl"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, lock_ttl),
-      NULL },
+      &ngx_http_idempotency_ttl_bounds },
 
     { ngx_string("idempotency_wait"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -434,19 +456,6 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
 
-    if (conf->redis_timeout == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_redis_timeout\" must not be 0");
-        return NGX_CONF_ERROR;
-    }
-
-    if (conf->ttl < 1000 || conf->lock_ttl < 1000) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_ttl\" and \"idempotency_lock_ttl\" "
-                           "must be at least 1s");
-        return NGX_CONF_ERROR;
-    }
-
     if (conf->redis == NULL) {
         conf->redis = prev->redis;
     }
@@ -510,7 +519,11 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         if (ngx_strncmp(value[i].data, "db=", 3) == 0) {
             n = ngx_atoi(value[i].data + 3, value[i].len - 3);
             if (n == NGX_ERROR || n > 65535) {
-                goto invalid;
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid parameter \"%V\" of \"%V\": db "
+                                   "must be a number from 0 to 65535",
+                                   &value[i], &value[0]);
+                return NGX_CONF_ERROR;
             }
 
             db = n;
@@ -751,6 +764,101 @@ ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* says which methods are allowed, where the bitmask slot would not */
+
+static char *
+ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t           *value;
+    ngx_uint_t           i, m;
+    ngx_conf_bitmask_t  *mask;
+
+    value = cf->args->elts;
+    mask = cmd->post;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        for (m = 0; mask[m].name.len; m++) {
+            if (mask[m].name.len == value[i].len
+                && ngx_strcasecmp(mask[m].name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (mask[m].name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" does not accept \"%V\": the methods "
+                               "allowed are POST, PUT, PATCH and DELETE",
+                               &value[0], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return ngx_conf_set_bitmask_slot(cf, cmd, conf);
+}
+
+
+static char *
+ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    ngx_msec_t             *ms = data;
+
+    u_char      min[NGX_INT64_LEN + 2];
+    size_t      len;
+    ngx_str_t  *value;
+
+    if (*ms >= (ngx_msec_t) bounds->low) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+    len = ngx_http_idempotency_msec_text(min, bounds->low);
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be at least %*s, not \"%V\"",
+                       &value[0], len, min, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    size_t                 *sp = data;
+
+    ngx_str_t  *value;
+
+    if (*sp >= (size_t) bounds->low && *sp <= (size_t) bounds->high) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be between %i and %i, not \"%V\"",
+                       &value[0], bounds->low, bounds->high, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* a time as an operator would write it: "1s", "250ms" */
+
+static size_t
+ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms)
+{
+    if (ms % 1000) {
+        return ngx_sprintf(buf, "%Mms", ms) - buf;
+    }
+
+    return ngx_sprintf(buf, "%Ms", ms / 1000) - buf;
 }
 
 

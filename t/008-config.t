@@ -39,21 +39,30 @@ EOC
 }
 
 my @bad = (
-    ['idempotency_methods GET;', qr/invalid value "GET"/],
-    ['idempotency_redis_timeout 0;', qr/"idempotency_redis_timeout" must not be 0/],
-    ['idempotency_ttl 500ms;', qr/must be at least 1s/],
-    ['idempotency_lock_ttl 0;', qr/must be at least 1s/],
+    ['idempotency_methods GET;',
+     qr/"idempotency_methods" does not accept "GET": the methods allowed are POST, PUT, PATCH and DELETE/],
+    ['idempotency_methods POST head;', qr/"idempotency_methods" does not accept "head"/],
+    ['idempotency_redis_timeout 0;',
+     qr/"idempotency_redis_timeout" must be at least 1ms, not "0"/],
+    ['idempotency_ttl 500ms;', qr/"idempotency_ttl" must be at least 1s, not "500ms"/],
+    ['idempotency_lock_ttl 0;', qr/"idempotency_lock_ttl" must be at least 1s, not "0"/],
+    ['idempotency_lock_ttl 999ms;', qr/"idempotency_lock_ttl" must be at least 1s, not "999ms"/],
     ['idempotency_store_status 2yy;', qr/invalid status "2yy"/],
     ['idempotency_store_status 600;', qr/invalid status "600"/],
-    ['idempotency_redis 127.0.0.1:6379 db=x;', qr/invalid parameter "db=x"/],
+    ['idempotency_redis 127.0.0.1:6379 db=x;',
+     qr/invalid parameter "db=x" of "idempotency_redis": db must be a number from 0 to 65535/],
+    ['idempotency_redis 127.0.0.1:6379 db=70000;',
+     qr/invalid parameter "db=70000" of "idempotency_redis": db must be a number from 0 to 65535/],
     ['idempotency_redis 127.0.0.1:6379 user=u;', qr/"user=" requires "password="/],
     ['idempotency_redis 127.0.0.1:6379; idempotency_redis 127.0.0.1:6380;',
      qr/"idempotency_redis" directive is duplicate/],
     ['idempotency_redis 999.1.1.1:6379;', qr/invalid redis address|host not found/],
     ['idempotency_redis_prefix "a{b";', qr/without spaces or braces/],
     ['idempotency_redis_prefix ' . ('p' x 65) . ';', qr/longer than 64 bytes/],
-    ['idempotency_key_max_length 0;', qr/value must be between 1 and 1024/],
-    ['idempotency_key_max_length 2000;', qr/value must be between 1 and 1024/],
+    ['idempotency_key_max_length 0;',
+     qr/"idempotency_key_max_length" must be between 1 and 1024, not "0"/],
+    ['idempotency_key_max_length 2000;',
+     qr/"idempotency_key_max_length" must be between 1 and 1024, not "2000"/],
     ['idempotency_on_redis_error maybe;', qr/invalid value "maybe"/],
     ['idempotency maybe;', qr/invalid value "maybe"/],
     ['idempotency_store_max_size 1x;', qr/"idempotency_store_max_size" directive invalid value/],
@@ -64,7 +73,8 @@ for my $case (@bad) {
     my ($ok, $out) = nginx_t($conf);
     ok(!$ok, "nginx -t refuses: $conf");
     like($out, $want, "...and says why") or diag $out;
-    like($out, qr/nginx\.conf:\d+/, "...and where");
+    # the directive's own line, not the end of http{} where merging runs
+    like($out, qr/ in \Q$dir\E\/nginx\.conf:9$/m, "...and where");
 }
 
 my ($ok, $out) = nginx_t(<<'EOC');
