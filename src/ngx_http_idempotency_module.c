@@ -18,6 +18,9 @@ static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
+static void ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf);
+static ngx_msec_t ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf);
 static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -400,7 +403,13 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
      *     conf->scope = NULL;
      *     conf->methods = 0;
      *     conf->problem_base_uri = { 0, NULL };
+     *     conf->redis_default = 0;
      */
+
+    if (cf->conf_file) {
+        conf->conf_file = cf->conf_file->file.name;
+        conf->conf_line = cf->conf_file->line;
+    }
 
     conf->enable = NGX_CONF_UNSET;
     conf->redis_timeout = NGX_CONF_UNSET_MSEC;
@@ -458,6 +467,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     if (conf->redis == NULL) {
         conf->redis = prev->redis;
+        conf->redis_default = prev->redis_default;
     }
 
     if (conf->redis == NULL) {
@@ -474,7 +484,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         }
 
         conf->redis = imcf->default_server;
+        conf->redis_default = 1;
         prev->redis = imcf->default_server;
+        prev->redis_default = 1;
     }
 
     if (conf->enable) {
@@ -491,7 +503,135 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         }
     }
 
+    ngx_http_idempotency_warn(cf, conf);
+
     return NGX_CONF_OK;
+}
+
+
+/*
+ * nginx -t warnings, once per location: not for http{} and server{}, whose
+ * settings the locations inherit, nor for "if" and "limit_except" blocks,
+ * which cannot set these directives.  They name the location's own line.
+ */
+
+static void
+ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    u_char                     lock[NGX_INT64_LEN + 2];
+    u_char                     read[NGX_INT64_LEN + 2];
+    size_t                     lock_len, read_len;
+    ngx_msec_t                 timeout;
+    ngx_conf_file_t            file, *saved;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (!conf->enable || clcf->name.len == 0 || clcf->noname) {
+        return;
+    }
+
+    /*
+     * the location's proxy_read_timeout, inherited or default even where
+     * it does not proxy: which handler a location has is not public
+     */
+
+    timeout = ngx_http_idempotency_proxy_read_timeout(cf);
+
+    if (timeout != NGX_CONF_UNSET_MSEC && conf->lock_ttl > timeout) {
+        timeout = NGX_CONF_UNSET_MSEC;
+    }
+
+    if (!conf->redis_default && timeout == NGX_CONF_UNSET_MSEC) {
+        return;
+    }
+
+    saved = cf->conf_file;
+
+    if (saved && conf->conf_file.data) {
+        file = *saved;
+        file.file.name = conf->conf_file;
+        file.line = conf->conf_line;
+        cf->conf_file = &file;
+    }
+
+    if (conf->redis_default) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency\" is on in location \"%V\" "
+                           "without \"idempotency_redis\": using the default "
+                           "%V", &clcf->name, &conf->redis->name);
+    }
+
+    if (timeout != NGX_CONF_UNSET_MSEC) {
+        lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
+        read_len = ngx_http_idempotency_msec_text(read, timeout);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_lock_ttl\" %*s is not longer than "
+                           "\"proxy_read_timeout\" %*s in location \"%V\": "
+                           "a claim can expire while the upstream still "
+                           "works, and a retry would then run the request "
+                           "again", lock_len, lock, read_len, read,
+                           &clcf->name);
+    }
+
+    cf->conf_file = saved;
+}
+
+
+/*
+ * The proxy module's configuration is private: its proxy_read_timeout is
+ * read through the public command table, at the command's own offset.
+ * Its merge ran before ours (static modules come first), so the value is
+ * final.  NGX_CONF_UNSET_MSEC when it cannot be known.
+ */
+
+static ngx_msec_t
+ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf)
+{
+    char                 *p;
+    ngx_uint_t            i;
+    ngx_module_t         *m;
+    ngx_command_t        *cmd;
+    ngx_http_conf_ctx_t  *ctx;
+
+    static ngx_str_t  name = ngx_string("proxy_read_timeout");
+
+    ctx = cf->ctx;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        m = cf->cycle->modules[i];
+
+        if (m->type != NGX_HTTP_MODULE
+            || ngx_strcmp(m->name, "ngx_http_proxy_module") != 0)
+        {
+            continue;
+        }
+
+        if (m->index > ngx_http_idempotency_module.index
+            || m->commands == NULL)
+        {
+            return NGX_CONF_UNSET_MSEC;
+        }
+
+        for (cmd = m->commands; cmd->name.len; cmd++) {
+            if (cmd->name.len == name.len
+                && ngx_strncmp(cmd->name.data, name.data, name.len) == 0
+                && cmd->set == ngx_conf_set_msec_slot
+                && cmd->conf == NGX_HTTP_LOC_CONF_OFFSET)
+            {
+                p = ctx->loc_conf[m->ctx_index];
+
+                return p ? *(ngx_msec_t *) (p + cmd->offset)
+                         : NGX_CONF_UNSET_MSEC;
+            }
+        }
+
+        return NGX_CONF_UNSET_MSEC;
+    }
+
+    return NGX_CONF_UNSET_MSEC;
 }
 
 

@@ -13,8 +13,22 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $dir = tempdir(CLEANUP => 1);
 
+# nginx_t(directives of "location /"): $loc starts at line 9
 sub nginx_t {
     my $loc = shift;
+    return nginx_t_http(<<"EOC");
+    server {
+        listen 127.0.0.1:19998;
+        location / {
+$loc
+        }
+    }
+EOC
+}
+
+# nginx_t_http(the inside of http{}): it starts at line 6
+sub nginx_t_http {
+    my $http = shift;
     open my $fh, '>', "$dir/nginx.conf" or die;
     print $fh <<"EOC";
 load_module $module;
@@ -22,12 +36,7 @@ error_log $dir/error.log;
 pid $dir/nginx.pid;
 events {}
 http {
-    server {
-        listen 127.0.0.1:19998;
-        location / {
-$loc
-        }
-    }
+$http
 }
 EOC
     close $fh;
@@ -99,5 +108,84 @@ my ($ok, $out) = nginx_t(<<'EOC');
             proxy_pass http://127.0.0.1:1;
 EOC
 ok($ok, "every directive together is accepted") or diag $out;
+unlike($out, qr/\[warn\]/, "...without a warning") or diag $out;
+
+# nginx -t warnings (SPEC §7): the test still succeeds, the warning names
+# the location and its line, once per location
+
+my $at = qr/ in \Q$dir\E\/nginx\.conf/;
+my $warn = qr/\[warn\] (?:\d+#\d+: )?/;
+my $redis = '            idempotency_redis 127.0.0.1:6379;';
+
+sub warnings { my $out = shift; return scalar(() = $out =~ /\[warn\]/g) }
+
+($ok, $out) = nginx_t("            idempotency on;");
+ok($ok, "the implicit Redis address is accepted") or diag $out;
+like($out, qr/$warn"idempotency" is on in location "\/" without "idempotency_redis": using the default 127\.0\.0\.1:6379$at:8$/m,
+     "...with a warning that names the default and the location's line");
+is(warnings($out), 1, "...once") or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis");
+ok($ok, "defaults and an explicit address (the default one, written out)");
+unlike($out, qr/\[warn\]|idempotency/, "...nginx -t says nothing of the module")
+    or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
+                      . "            proxy_read_timeout 2m;");
+ok($ok, "proxy_read_timeout as long as idempotency_lock_ttl is accepted");
+like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 120s in location "\/": .*$at:8$/m,
+     "...with a warning that names both values and the location's line")
+    or diag $out;
+is(warnings($out), 1, "...once") or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
+                      . "            idempotency_lock_ttl 1500ms;");
+like($out, qr/$warn"idempotency_lock_ttl" 1500ms is not longer than "proxy_read_timeout" 60s in location "\/"/,
+     "a lock_ttl below the default proxy_read_timeout warns") or diag $out;
+
+($ok, $out) = nginx_t("            proxy_read_timeout 5m;\n"
+                      . "            idempotency_lock_ttl 1s;");
+ok($ok && warnings($out) == 0, "no warning where idempotency is off")
+    or diag $out;
+
+# inherited from http{}: a warning per location, none for server{}, none
+# for the "if" inside /b, none for /off
+($ok, $out) = nginx_t_http(<<'EOC');
+    idempotency on;
+    proxy_read_timeout 3m;
+    server {
+        listen 127.0.0.1:19998;
+        location /a {
+            proxy_pass http://127.0.0.1:1;
+        }
+        location /b {
+            if ($arg_x) { return 404; }
+            location /b/c { }
+        }
+        location /off { idempotency off; }
+    }
+EOC
+ok($ok, "inherited settings are accepted") or diag $out;
+for (['/a', 10], ['/b', 13], ['/b/c', 15]) {
+    my ($loc, $line) = @$_;
+    like($out, qr/$warn"idempotency" is on in location "\Q$loc\E" .*$at:$line$/m,
+         "...the default address warning for $loc, at its line");
+    like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 180s in location "\Q$loc\E".*$at:$line$/m,
+         "...the lock_ttl warning for $loc, at its line");
+}
+is(warnings($out), 6, "...and no other warning") or diag $out;
+
+($ok, $out) = nginx_t_http(<<'EOC');
+    idempotency_redis 127.0.0.1:6379;
+    server {
+        listen 127.0.0.1:19998;
+        idempotency on;
+        location /a { }
+        location /b { idempotency_lock_ttl 4m; proxy_read_timeout 3m; }
+    }
+EOC
+ok($ok && warnings($out) == 0,
+   "an address from http{} and lock_ttl = proxy_read_timeout + 1m: silent")
+    or diag $out;
 
 done_testing();
