@@ -12,16 +12,28 @@
 static ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_idempotency_key_hash_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
 static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
+static void ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf);
+static ngx_msec_t ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf);
 static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
+    void *data);
+static size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
 static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static ngx_http_idempotency_redis_t *ngx_http_idempotency_add_server(
@@ -55,8 +67,23 @@ static ngx_conf_enum_t  ngx_http_idempotency_on_error[] = {
 };
 
 
+/*
+ * Bounds are checked as each directive is read, so that an error names the
+ * directive's own line rather than the end of http{}, where merging runs.
+ */
+
 static ngx_conf_num_bounds_t  ngx_http_idempotency_key_length_bounds = {
-    ngx_conf_check_num_bounds, 1, 1024
+    ngx_http_idempotency_check_size, 1, 1024
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_idempotency_ttl_bounds = {
+    ngx_http_idempotency_check_msec, 1000, -1
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_idempotency_timeout_bounds = {
+    ngx_http_idempotency_check_msec, 1, -1
 };
 
 
@@ -81,7 +108,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, redis_timeout),
-      NULL },
+      &ngx_http_idempotency_timeout_bounds },
 
     { ngx_string("idempotency_redis_prefix"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -113,7 +140,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_methods"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_conf_set_bitmask_slot,
+      ngx_http_idempotency_methods,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, methods),
       &ngx_http_idempotency_methods_mask },
@@ -130,14 +157,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, ttl),
-      NULL },
+      &ngx_http_idempotency_ttl_bounds },
 
     { ngx_string("idempotency_lock_ttl"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, lock_ttl),
-      NULL },
+      &ngx_http_idempotency_ttl_bounds },
 
     { ngx_string("idempotency_wait"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -238,19 +265,36 @@ static ngx_str_t  ngx_http_idempotency_status_names[] = {
 static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
 
 
+/* not cacheable: both change while the request runs */
+
+static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
+
+    { ngx_string("idempotency_status"), NULL,
+      ngx_http_idempotency_status_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_key_hash"), NULL,
+      ngx_http_idempotency_key_hash_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
 static ngx_int_t
 ngx_http_idempotency_add_variables(ngx_conf_t *cf)
 {
-    ngx_http_variable_t  *var;
+    ngx_http_variable_t  *var, *v;
 
-    static ngx_str_t  name = ngx_string("idempotency_status");
+    for (v = ngx_http_idempotency_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
 
-    var = ngx_http_add_variable(cf, &name, NGX_HTTP_VAR_NOCACHEABLE);
-    if (var == NULL) {
-        return NGX_ERROR;
+        var->get_handler = v->get_handler;
+        var->data = v->data;
     }
-
-    var->get_handler = ngx_http_idempotency_status_variable;
 
     return NGX_OK;
 }
@@ -272,6 +316,48 @@ ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = ngx_http_idempotency_status_names[status].data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The hex SHA-256 between the braces of the record key: it names the
+ * record in Redis without revealing the client's key.  Not found until a
+ * valid key was hashed.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_key_hash_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    size_t                       len;
+    ngx_str_t                   *rkey;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    len = 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+
+    if (ctx == NULL || ctx->rkey.len < len + 2) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    rkey = &ctx->rkey;
+
+    if (rkey->data[rkey->len - 1] != '}'
+        || rkey->data[rkey->len - len - 2] != '{')
+    {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = rkey->data + rkey->len - len - 1;
 
     return NGX_OK;
 }
@@ -317,7 +403,13 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
      *     conf->scope = NULL;
      *     conf->methods = 0;
      *     conf->problem_base_uri = { 0, NULL };
+     *     conf->redis_default = 0;
      */
+
+    if (cf->conf_file) {
+        conf->conf_file = cf->conf_file->file.name;
+        conf->conf_line = cf->conf_file->line;
+    }
 
     conf->enable = NGX_CONF_UNSET;
     conf->redis_timeout = NGX_CONF_UNSET_MSEC;
@@ -364,7 +456,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     conf->methods &= ~NGX_CONF_BITMASK_SET;
     ngx_conf_merge_value(conf->required, prev->required, 0);
     ngx_conf_merge_msec_value(conf->ttl, prev->ttl, 86400000);
-    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 60000);
+    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 120000);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
     ngx_conf_merge_ptr_value(conf->store_status, prev->store_status, NULL);
     ngx_conf_merge_size_value(conf->store_max_size, prev->store_max_size,
@@ -376,21 +468,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
 
-    if (conf->redis_timeout == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_redis_timeout\" must not be 0");
-        return NGX_CONF_ERROR;
-    }
-
-    if (conf->ttl < 1000 || conf->lock_ttl < 1000) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_ttl\" and \"idempotency_lock_ttl\" "
-                           "must be at least 1s");
-        return NGX_CONF_ERROR;
-    }
-
     if (conf->redis == NULL) {
         conf->redis = prev->redis;
+        conf->redis_default = prev->redis_default;
     }
 
     if (conf->redis == NULL) {
@@ -407,7 +487,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         }
 
         conf->redis = imcf->default_server;
+        conf->redis_default = 1;
         prev->redis = imcf->default_server;
+        prev->redis_default = 1;
     }
 
     if (conf->enable) {
@@ -420,7 +502,135 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         }
     }
 
+    ngx_http_idempotency_warn(cf, conf);
+
     return NGX_CONF_OK;
+}
+
+
+/*
+ * nginx -t warnings, once per location: not for http{} and server{}, whose
+ * settings the locations inherit, nor for "if" and "limit_except" blocks,
+ * which cannot set these directives.  They name the location's own line.
+ */
+
+static void
+ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    u_char                     lock[NGX_INT64_LEN + 2];
+    u_char                     read[NGX_INT64_LEN + 2];
+    size_t                     lock_len, read_len;
+    ngx_msec_t                 timeout;
+    ngx_conf_file_t            file, *saved;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (!conf->enable || clcf->name.len == 0 || clcf->noname) {
+        return;
+    }
+
+    /*
+     * the location's proxy_read_timeout, inherited or default even where
+     * it does not proxy: which handler a location has is not public
+     */
+
+    timeout = ngx_http_idempotency_proxy_read_timeout(cf);
+
+    if (timeout != NGX_CONF_UNSET_MSEC && conf->lock_ttl > timeout) {
+        timeout = NGX_CONF_UNSET_MSEC;
+    }
+
+    if (!conf->redis_default && timeout == NGX_CONF_UNSET_MSEC) {
+        return;
+    }
+
+    saved = cf->conf_file;
+
+    if (saved && conf->conf_file.data) {
+        file = *saved;
+        file.file.name = conf->conf_file;
+        file.line = conf->conf_line;
+        cf->conf_file = &file;
+    }
+
+    if (conf->redis_default) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency\" is on in location \"%V\" "
+                           "without \"idempotency_redis\": using the default "
+                           "%V", &clcf->name, &conf->redis->name);
+    }
+
+    if (timeout != NGX_CONF_UNSET_MSEC) {
+        lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
+        read_len = ngx_http_idempotency_msec_text(read, timeout);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_lock_ttl\" %*s is not longer than "
+                           "\"proxy_read_timeout\" %*s in location \"%V\": "
+                           "a claim can expire while the upstream still "
+                           "works, and a retry would then run the request "
+                           "again", lock_len, lock, read_len, read,
+                           &clcf->name);
+    }
+
+    cf->conf_file = saved;
+}
+
+
+/*
+ * The proxy module's configuration is private: its proxy_read_timeout is
+ * read through the public command table, at the command's own offset.
+ * Its merge ran before ours (static modules come first), so the value is
+ * final.  NGX_CONF_UNSET_MSEC when it cannot be known.
+ */
+
+static ngx_msec_t
+ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf)
+{
+    char                 *p;
+    ngx_uint_t            i;
+    ngx_module_t         *m;
+    ngx_command_t        *cmd;
+    ngx_http_conf_ctx_t  *ctx;
+
+    static ngx_str_t  name = ngx_string("proxy_read_timeout");
+
+    ctx = cf->ctx;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        m = cf->cycle->modules[i];
+
+        if (m->type != NGX_HTTP_MODULE
+            || ngx_strcmp(m->name, "ngx_http_proxy_module") != 0)
+        {
+            continue;
+        }
+
+        if (m->index > ngx_http_idempotency_module.index
+            || m->commands == NULL)
+        {
+            return NGX_CONF_UNSET_MSEC;
+        }
+
+        for (cmd = m->commands; cmd->name.len; cmd++) {
+            if (cmd->name.len == name.len
+                && ngx_strncmp(cmd->name.data, name.data, name.len) == 0
+                && cmd->set == ngx_conf_set_msec_slot
+                && cmd->conf == NGX_HTTP_LOC_CONF_OFFSET)
+            {
+                p = ctx->loc_conf[m->ctx_index];
+
+                return p ? *(ngx_msec_t *) (p + cmd->offset)
+                         : NGX_CONF_UNSET_MSEC;
+            }
+        }
+
+        return NGX_CONF_UNSET_MSEC;
+    }
+
+    return NGX_CONF_UNSET_MSEC;
 }
 
 
@@ -448,7 +658,11 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         if (ngx_strncmp(value[i].data, "db=", 3) == 0) {
             n = ngx_atoi(value[i].data + 3, value[i].len - 3);
             if (n == NGX_ERROR || n > 65535) {
-                goto invalid;
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid parameter \"%V\" of \"%V\": db "
+                                   "must be a number from 0 to 65535",
+                                   &value[i], &value[0]);
+                return NGX_CONF_ERROR;
             }
 
             db = n;
@@ -689,6 +903,101 @@ ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* says which methods are allowed, where the bitmask slot would not */
+
+static char *
+ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t           *value;
+    ngx_uint_t           i, m;
+    ngx_conf_bitmask_t  *mask;
+
+    value = cf->args->elts;
+    mask = cmd->post;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        for (m = 0; mask[m].name.len; m++) {
+            if (mask[m].name.len == value[i].len
+                && ngx_strcasecmp(mask[m].name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (mask[m].name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" does not accept \"%V\": the methods "
+                               "allowed are POST, PUT, PATCH and DELETE",
+                               &value[0], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return ngx_conf_set_bitmask_slot(cf, cmd, conf);
+}
+
+
+static char *
+ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    ngx_msec_t             *ms = data;
+
+    u_char      min[NGX_INT64_LEN + 2];
+    size_t      len;
+    ngx_str_t  *value;
+
+    if (*ms >= (ngx_msec_t) bounds->low) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+    len = ngx_http_idempotency_msec_text(min, bounds->low);
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be at least %*s, not \"%V\"",
+                       &value[0], len, min, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    size_t                 *sp = data;
+
+    ngx_str_t  *value;
+
+    if (*sp >= (size_t) bounds->low && *sp <= (size_t) bounds->high) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be between %i and %i, not \"%V\"",
+                       &value[0], bounds->low, bounds->high, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* a time as an operator would write it: "1s", "250ms" */
+
+static size_t
+ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms)
+{
+    if (ms % 1000) {
+        return ngx_sprintf(buf, "%Mms", ms) - buf;
+    }
+
+    return ngx_sprintf(buf, "%Ms", ms / 1000) - buf;
 }
 
 

@@ -153,6 +153,11 @@ typedef struct {
     ngx_array_t                     *pass_headers;   /* ngx_str_t */
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
+
+    /* for the nginx -t warnings */
+    ngx_str_t                        conf_file;  /* where the block starts */
+    ngx_uint_t                       conf_line;
+    ngx_uint_t                       redis_default;  /* unsigned:1 */
 } ngx_http_idempotency_loc_conf_t;
 
 

@@ -13,8 +13,22 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $dir = tempdir(CLEANUP => 1);
 
+# nginx_t(directives of "location /"): $loc starts at line 9
 sub nginx_t {
     my $loc = shift;
+    return nginx_t_http(<<"EOC");
+    server {
+        listen 127.0.0.1:19998;
+        location / {
+$loc
+        }
+    }
+EOC
+}
+
+# nginx_t_http(the inside of http{}): it starts at line 6
+sub nginx_t_http {
+    my $http = shift;
     open my $fh, '>', "$dir/nginx.conf" or die;
     print $fh <<"EOC";
 load_module $module;
@@ -22,12 +36,7 @@ error_log $dir/error.log;
 pid $dir/nginx.pid;
 events {}
 http {
-    server {
-        listen 127.0.0.1:19998;
-        location / {
-$loc
-        }
-    }
+$http
 }
 EOC
     close $fh;
@@ -39,21 +48,30 @@ EOC
 }
 
 my @bad = (
-    ['idempotency_methods GET;', qr/invalid value "GET"/],
-    ['idempotency_redis_timeout 0;', qr/"idempotency_redis_timeout" must not be 0/],
-    ['idempotency_ttl 500ms;', qr/must be at least 1s/],
-    ['idempotency_lock_ttl 0;', qr/must be at least 1s/],
+    ['idempotency_methods GET;',
+     qr/"idempotency_methods" does not accept "GET": the methods allowed are POST, PUT, PATCH and DELETE/],
+    ['idempotency_methods POST head;', qr/"idempotency_methods" does not accept "head"/],
+    ['idempotency_redis_timeout 0;',
+     qr/"idempotency_redis_timeout" must be at least 1ms, not "0"/],
+    ['idempotency_ttl 500ms;', qr/"idempotency_ttl" must be at least 1s, not "500ms"/],
+    ['idempotency_lock_ttl 0;', qr/"idempotency_lock_ttl" must be at least 1s, not "0"/],
+    ['idempotency_lock_ttl 999ms;', qr/"idempotency_lock_ttl" must be at least 1s, not "999ms"/],
     ['idempotency_store_status 2yy;', qr/invalid status "2yy"/],
     ['idempotency_store_status 600;', qr/invalid status "600"/],
-    ['idempotency_redis 127.0.0.1:6379 db=x;', qr/invalid parameter "db=x"/],
+    ['idempotency_redis 127.0.0.1:6379 db=x;',
+     qr/invalid parameter "db=x" of "idempotency_redis": db must be a number from 0 to 65535/],
+    ['idempotency_redis 127.0.0.1:6379 db=70000;',
+     qr/invalid parameter "db=70000" of "idempotency_redis": db must be a number from 0 to 65535/],
     ['idempotency_redis 127.0.0.1:6379 user=u;', qr/"user=" requires "password="/],
     ['idempotency_redis 127.0.0.1:6379; idempotency_redis 127.0.0.1:6380;',
      qr/"idempotency_redis" directive is duplicate/],
     ['idempotency_redis 999.1.1.1:6379;', qr/invalid redis address|host not found/],
     ['idempotency_redis_prefix "a{b";', qr/without spaces or braces/],
     ['idempotency_redis_prefix ' . ('p' x 65) . ';', qr/longer than 64 bytes/],
-    ['idempotency_key_max_length 0;', qr/value must be between 1 and 1024/],
-    ['idempotency_key_max_length 2000;', qr/value must be between 1 and 1024/],
+    ['idempotency_key_max_length 0;',
+     qr/"idempotency_key_max_length" must be between 1 and 1024, not "0"/],
+    ['idempotency_key_max_length 2000;',
+     qr/"idempotency_key_max_length" must be between 1 and 1024, not "2000"/],
     ['idempotency_on_redis_error maybe;', qr/invalid value "maybe"/],
     ['idempotency maybe;', qr/invalid value "maybe"/],
     ['idempotency_store_max_size 1x;', qr/"idempotency_store_max_size" directive invalid value/],
@@ -64,7 +82,8 @@ for my $case (@bad) {
     my ($ok, $out) = nginx_t($conf);
     ok(!$ok, "nginx -t refuses: $conf");
     like($out, $want, "...and says why") or diag $out;
-    like($out, qr/nginx\.conf:\d+/, "...and where");
+    # the directive's own line, not the end of http{} where merging runs
+    like($out, qr/ in \Q$dir\E\/nginx\.conf:9$/m, "...and where");
 }
 
 my ($ok, $out) = nginx_t(<<'EOC');
@@ -89,5 +108,84 @@ my ($ok, $out) = nginx_t(<<'EOC');
             proxy_pass http://127.0.0.1:1;
 EOC
 ok($ok, "every directive together is accepted") or diag $out;
+unlike($out, qr/\[warn\]/, "...without a warning") or diag $out;
+
+# nginx -t warnings (SPEC §7): the test still succeeds, the warning names
+# the location and its line, once per location
+
+my $at = qr/ in \Q$dir\E\/nginx\.conf/;
+my $warn = qr/\[warn\] (?:\d+#\d+: )?/;
+my $redis = '            idempotency_redis 127.0.0.1:6379;';
+
+sub warnings { my $out = shift; return scalar(() = $out =~ /\[warn\]/g) }
+
+($ok, $out) = nginx_t("            idempotency on;");
+ok($ok, "the implicit Redis address is accepted") or diag $out;
+like($out, qr/$warn"idempotency" is on in location "\/" without "idempotency_redis": using the default 127\.0\.0\.1:6379$at:8$/m,
+     "...with a warning that names the default and the location's line");
+is(warnings($out), 1, "...once") or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis");
+ok($ok, "defaults and an explicit address (the default one, written out)");
+unlike($out, qr/\[warn\]|idempotency/, "...nginx -t says nothing of the module")
+    or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
+                      . "            proxy_read_timeout 2m;");
+ok($ok, "proxy_read_timeout as long as idempotency_lock_ttl is accepted");
+like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 120s in location "\/": .*$at:8$/m,
+     "...with a warning that names both values and the location's line")
+    or diag $out;
+is(warnings($out), 1, "...once") or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
+                      . "            idempotency_lock_ttl 1500ms;");
+like($out, qr/$warn"idempotency_lock_ttl" 1500ms is not longer than "proxy_read_timeout" 60s in location "\/"/,
+     "a lock_ttl below the default proxy_read_timeout warns") or diag $out;
+
+($ok, $out) = nginx_t("            proxy_read_timeout 5m;\n"
+                      . "            idempotency_lock_ttl 1s;");
+ok($ok && warnings($out) == 0, "no warning where idempotency is off")
+    or diag $out;
+
+# inherited from http{}: a warning per location, none for server{}, none
+# for the "if" inside /b, none for /off
+($ok, $out) = nginx_t_http(<<'EOC');
+    idempotency on;
+    proxy_read_timeout 3m;
+    server {
+        listen 127.0.0.1:19998;
+        location /a {
+            proxy_pass http://127.0.0.1:1;
+        }
+        location /b {
+            if ($arg_x) { return 404; }
+            location /b/c { }
+        }
+        location /off { idempotency off; }
+    }
+EOC
+ok($ok, "inherited settings are accepted") or diag $out;
+for (['/a', 10], ['/b', 13], ['/b/c', 15]) {
+    my ($loc, $line) = @$_;
+    like($out, qr/$warn"idempotency" is on in location "\Q$loc\E" .*$at:$line$/m,
+         "...the default address warning for $loc, at its line");
+    like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 180s in location "\Q$loc\E".*$at:$line$/m,
+         "...the lock_ttl warning for $loc, at its line");
+}
+is(warnings($out), 6, "...and no other warning") or diag $out;
+
+($ok, $out) = nginx_t_http(<<'EOC');
+    idempotency_redis 127.0.0.1:6379;
+    server {
+        listen 127.0.0.1:19998;
+        idempotency on;
+        location /a { }
+        location /b { idempotency_lock_ttl 4m; proxy_read_timeout 3m; }
+    }
+EOC
+ok($ok && warnings($out) == 0,
+   "an address from http{} and lock_ttl = proxy_read_timeout + 1m: silent")
+    or diag $out;
 
 done_testing();
