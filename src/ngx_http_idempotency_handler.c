@@ -208,8 +208,22 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         || ngx_http_idempotency_parse_key(&raw, &key, conf->key_max_length)
            != NGX_OK)
     {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: invalid key rejected");
+        /* the reason, never the key itself */
+
+        if (rc == NGX_ERROR) {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: key rejected: several "
+                          "Idempotency-Key headers");
+
+        } else {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: key rejected: %s, %uz bytes",
+                          key.len > conf->key_max_length
+                          ? "longer than idempotency_key_max_length"
+                          : "not a quoted string or a token of printable "
+                            "ASCII", raw.len);
+        }
+
         return ngx_http_idempotency_reject(r, ctx,
                                         NGX_HTTP_IDEMPOTENCY_INVALID,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID);
@@ -650,11 +664,15 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         ctx->status = NGX_HTTP_IDEMPOTENCY_REPLAY;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
 
+        if (conf->dry_run) {
+            return NGX_DECLINED;
+        }
+
         return ngx_http_idempotency_send_replay(r, &ctx->record);
 
     case NGX_HTTP_IDEMPOTENCY_GO_CONFLICT:
 
-        if (conf->wait) {
+        if (conf->wait && !conf->dry_run) {
             if (ctx->wait_until == 0) {
                 ctx->wait_until = ngx_current_msec + conf->wait;
             }
@@ -708,6 +726,11 @@ ngx_http_idempotency_reject(ngx_http_request_t *r,
 {
     ctx->status = status;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+    if (ctx->conf->dry_run) {
+        /* only $idempotency_status tells what would have happened */
+        return NGX_DECLINED;
+    }
 
     return ngx_http_idempotency_send_problem(r, ctx->conf, problem);
 }

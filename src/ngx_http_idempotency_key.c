@@ -24,6 +24,7 @@ ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out, size_t max)
     p = in->data;
     last = p + in->len;
     d = out->data;
+    out->len = 0;    /* stays 0 unless the form was right: see the caller */
 
     if (p == last) {
         return NGX_DECLINED;

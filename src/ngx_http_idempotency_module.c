@@ -215,6 +215,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, problem_base_uri),
       NULL },
 
+    { ngx_string("idempotency_dry_run"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, dry_run),
+      NULL },
+
       ngx_null_command
 };
 
@@ -425,6 +432,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->hide_headers = NGX_CONF_UNSET_PTR;
     conf->pass_headers = NGX_CONF_UNSET_PTR;
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
+    conf->dry_run = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -467,6 +475,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT);
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
+    ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
 
     if (conf->redis == NULL) {
         conf->redis = prev->redis;

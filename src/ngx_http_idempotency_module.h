@@ -153,6 +153,7 @@ typedef struct {
     ngx_array_t                     *pass_headers;   /* ngx_str_t */
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
+    ngx_flag_t                       dry_run;
 
     /* for the nginx -t warnings */
     ngx_str_t                        conf_file;  /* where the block starts */
