@@ -16,6 +16,8 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
 
+#include "ngx_http_idempotency_version.h"
+
 
 #define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
@@ -332,6 +334,9 @@ ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_return_patch(ngx_conf_t *cf);
 ngx_int_t ngx_http_idempotency_run_return(ngx_http_request_t *r,
     void *code);
+
+/* version.c */
+ngx_int_t ngx_http_idempotency_init_module(ngx_cycle_t *cycle);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
