@@ -24,7 +24,9 @@ BUILD      ?= $(CURDIR)/build
 MODULE      = $(BUILD)/ngx_http_idempotency_module.so
 SRCS        = config $(wildcard src/*.c src/*.h)
 EXTRA_CFLAGS ?=
-VERSION    := $(shell sed -n 's/^\#define NGX_HTTP_IDEMPOTENCY_VERSION *"\(.*\)"/\1/p' src/ngx_http_idempotency_version.h)
+VERSION    := $(shell sed -n \
+    's/^\#define NGX_HTTP_IDEMPOTENCY_VERSION *"\(.*\)"/\1/p' \
+    src/ngx_http_idempotency_version.h)
 
 # make install: PREFIX/lib/nginx/modules is the distributions' layout
 # (Debian, Fedora: /usr/lib/nginx/modules, or lib64); an nginx built from
@@ -94,4 +96,5 @@ install: $(MODULE)
 	install -m 644 "$(MODULE)" "$(DESTDIR)$(MODULES_DIR)/"
 	install -m 644 README.md CHANGELOG.md LICENSE docs/design.md \
 	    docs/directives.md docs/operations.md "$(DESTDIR)$(DOCDIR)/"
-	@echo "installed ngx_http_idempotency_module $(VERSION) into $(DESTDIR)$(MODULES_DIR)"
+	@echo "installed ngx_http_idempotency_module $(VERSION)" \
+	    "into $(DESTDIR)$(MODULES_DIR)"

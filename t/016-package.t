@@ -19,7 +19,8 @@ use Cwd qw(abs_path);
 
 my $top = abs_path('.');
 my ($module) = $ENV{TEST_NGINX_MODULE}
-    || grep { /idempotency/ } split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+    || grep { /idempotency/ }
+       split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
 my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
 
 sub slurp { local (@ARGV, $/) = @_; return <> // '' }
@@ -53,7 +54,8 @@ is(`make -s --no-print-directory version-check`, "$hdr\n",
 SKIP: {
     skip 'TEST_NGINX_MODULE is not set', 1 unless $module && -f $module;
     my ($rc, $out) = nginx_t($module);
-    like($out, qr/\[notice\] .*idempotency module \Q$version\E \(hiredis \d+\.\d+\.\d+, OpenSSL \d/,
+    like($out, qr/\[notice\] .*idempotency\ module\ \Q$version\E
+                  \ \(hiredis\ \d+\.\d+\.\d+,\ OpenSSL\ \d/x,
          'nginx -t logs "idempotency module <version> (hiredis, OpenSSL)"');
 }
 
@@ -64,7 +66,8 @@ SKIP: {
 
     my $dest = tempdir(CLEANUP => 1);
     # -o: install what the suite tests, do not rebuild it
-    my $out = `make -s --no-print-directory install DESTDIR=$dest PREFIX=/opt/idem MODULE=$module -o $module 2>&1`;
+    my $make = "make -s --no-print-directory install MODULE=$module -o $module";
+    my $out = `$make DESTDIR=$dest PREFIX=/opt/idem 2>&1`;
     is($?, 0, 'make install DESTDIR=... PREFIX=/opt/idem') or diag $out;
 
     my $so = "$dest/opt/idem/lib/nginx/modules/ngx_http_idempotency_module.so";
@@ -77,7 +80,7 @@ SKIP: {
     is($rc, 0, '  nginx loads the installed .so') or diag $t;
 
     my $dest2 = tempdir(CLEANUP => 1);
-    $out = `make -s --no-print-directory install DESTDIR=$dest2 MODULES_DIR=/etc/nginx/modules MODULE=$module -o $module 2>&1`;
+    $out = `$make DESTDIR=$dest2 MODULES_DIR=/etc/nginx/modules 2>&1`;
     ok(-f "$dest2/etc/nginx/modules/ngx_http_idempotency_module.so",
        'MODULES_DIR=... puts the .so there') or diag $out;
     ok(-f "$dest2/usr/local/share/doc/ngx_http_idempotency_module/LICENSE",

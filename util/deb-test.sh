@@ -38,6 +38,10 @@ cd "$top"
 failed=0
 checks=0
 
+# "nginx -t" creates an empty pid file; leave none where none was
+had_pidfile=0
+[ -e /run/nginx.pid ] && had_pidfile=1
+
 ok() {          # ok <0|1> <description>
     checks=$((checks + 1))
     if [ "$1" -eq 0 ]; then
@@ -79,8 +83,18 @@ for f in "$so" "$snippet" "$link" "$link.removed"; do
         && skip "$f already exists: installed by hand? not touching it"
 done
 
-nginx -t -q >/dev/null 2>&1 \
-    || skip "the stock nginx -t fails before installing anything"
+drop_pidfile() {
+    if [ $had_pidfile -eq 0 ] && [ -f /run/nginx.pid ] \
+       && [ ! -s /run/nginx.pid ]
+    then
+        rm -f /run/nginx.pid
+    fi
+}
+
+if ! nginx -t -q >/dev/null 2>&1; then
+    drop_pidfile
+    skip "the stock nginx -t fails before installing anything"
+fi
 
 # ---- state to restore, and the clean-up
 
@@ -89,8 +103,6 @@ installed=0
 made_policy=0
 started_redis=0
 private=
-had_pidfile=0
-[ -e /run/nginx.pid ] && had_pidfile=1
 
 cleanup() {
     if [ -n "$private" ] && [ -f "$private/logs/nginx.pid" ]; then
@@ -106,12 +118,7 @@ cleanup() {
     fi
     [ $started_redis -eq 1 ] && ./util/redis.sh stop "$redis_port"
     [ $made_policy -eq 1 ] && rm -f /usr/sbin/policy-rc.d
-    # "nginx -t" creates an empty pid file; leave none where none was
-    if [ $had_pidfile -eq 0 ] && [ -f /run/nginx.pid ] \
-       && [ ! -s /run/nginx.pid ]
-    then
-        rm -f /run/nginx.pid
-    fi
+    drop_pidfile
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -172,7 +179,8 @@ check "Depends on libssl3" grep -q 'libssl3' <<< "$depends"
 
 check "the module is in /usr/lib/nginx/modules" test -f "$so"
 check "its libraries all resolve" \
-    bash -c "ldd '$so' | grep -q libhiredis && ! ldd '$so' | grep -q 'not found'"
+    bash -c "ldd '$so' | grep -q libhiredis \
+             && ! ldd '$so' | grep -q 'not found'"
 check "it is stripped (symbols are in -dbgsym)" \
     bash -c "! readelf -S '$so' | grep -q '\.symtab'"
 check "modules-available has the load_module snippet" \
@@ -293,6 +301,10 @@ ok ${#orphans[@]} "no directory of its own is left"
 check "the modules-enabled link is gone" \
     bash -c "[ ! -e '$link' ] && [ ! -L '$link' ] && [ ! -L '$link.removed' ]"
 check "nginx -t on the stock configuration still passes" nginx -t -q
+
+drop_pidfile
+check "no /run/nginx.pid left where there was none" \
+    test $had_pidfile -eq 1 -o ! -e /run/nginx.pid
 
 after=$(system_nginx)
 check "the system nginx was not started, restarted or reloaded ($before)" \

@@ -23,7 +23,8 @@ cp -r config src debian docs README.md CHANGELOG.md LICENSE "$src/"
 
 echo "building $pkg $debver in $out"
 (cd "$src" && dpkg-buildpackage -b -us -uc) > "$out/build.log" 2>&1 || {
-    tail -40 "$out/build.log"; echo "dpkg-buildpackage failed: $out/build.log" >&2
+    tail -40 "$out/build.log"
+    echo "dpkg-buildpackage failed: $out/build.log" >&2
     exit 1; }
 
 deb=$out/${pkg}_${debver}_${arch}.deb

@@ -13,9 +13,16 @@ log=$(sed -n 's/^## \([0-9][^ ]*\).*/\1/p' CHANGELOG.md | head -1)
 deb=$(sed -n '1s/^[^ ]* (\([0-9]*:\)\{0,1\}\([^)]*\)-[^-)]*).*/\2/p' \
           debian/changelog)
 
+if [ -z "$hdr" ]; then
+    echo "no NGX_HTTP_IDEMPOTENCY_VERSION in the header" >&2
+    exit 1
+fi
 rc=0
-[ -n "$hdr" ] || { echo "no NGX_HTTP_IDEMPOTENCY_VERSION in the header" >&2; exit 1; }
-[ "$log" = "$hdr" ] || { echo "CHANGELOG.md says '$log', the header '$hdr'" >&2; rc=1; }
-[ "$deb" = "$hdr" ] || { echo "debian/changelog says '$deb', the header '$hdr'" >&2; rc=1; }
+for f in "CHANGELOG.md:$log" "debian/changelog:$deb"; do
+    if [ "${f#*:}" != "$hdr" ]; then
+        echo "${f%%:*} says '${f#*:}', the header '$hdr'" >&2
+        rc=1
+    fi
+done
 [ $rc -eq 0 ] && echo "$hdr"
 exit $rc
