@@ -8,6 +8,14 @@
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load, reload, soak at full size, then 5 min of
 #                   fuzzing per parser (about 13 min)
+#   make deb        the Debian package libnginx-mod-http-idempotency in
+#                   build/deb/ (dh_nginx); prints the .deb's path last
+#   make deb-test   make deb, then install it with apt-get, nginx -t, a smoke
+#                   test on a private nginx and Redis, and purge it (root)
+#   make install    the .so into $(DESTDIR)$(MODULES_DIR), docs into
+#                   $(DESTDIR)$(DOCDIR), for layouts other than Debian's
+#   make version-check  src/ngx_http_idempotency_version.h, CHANGELOG.md
+#                   and debian/changelog name the same version
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -16,10 +24,22 @@ BUILD      ?= $(CURDIR)/build
 MODULE      = $(BUILD)/ngx_http_idempotency_module.so
 SRCS        = config $(wildcard src/*.c src/*.h)
 EXTRA_CFLAGS ?=
+VERSION    := $(shell sed -n \
+    's/^\#define NGX_HTTP_IDEMPOTENCY_VERSION *"\(.*\)"/\1/p' \
+    src/ngx_http_idempotency_version.h)
+
+# make install: PREFIX/lib/nginx/modules is the distributions' layout
+# (Debian, Fedora: /usr/lib/nginx/modules, or lib64); an nginx built from
+# source with the defaults looks in /usr/local/nginx/modules: set
+# MODULES_DIR to your nginx's --modules-path (nginx -V shows it)
+PREFIX      ?= /usr/local
+MODULES_DIR ?= $(PREFIX)/lib/nginx/modules
+DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo bench torture clean fuzz
+.PHONY: all module deps test test-asan demo bench torture clean fuzz \
+        deb deb-test install version-check
 
 all: module
 
@@ -61,3 +81,20 @@ clean:
 fuzz: deps
 	$(MAKE) module
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh
+
+version-check:
+	@./util/version-check.sh
+
+deb:
+	@./util/deb.sh "$(BUILD)/deb"
+
+deb-test:
+	./util/deb-test.sh "$(BUILD)/deb"
+
+install: $(MODULE)
+	install -d "$(DESTDIR)$(MODULES_DIR)" "$(DESTDIR)$(DOCDIR)"
+	install -m 644 "$(MODULE)" "$(DESTDIR)$(MODULES_DIR)/"
+	install -m 644 README.md CHANGELOG.md LICENSE docs/design.md \
+	    docs/directives.md docs/operations.md "$(DESTDIR)$(DOCDIR)/"
+	@echo "installed ngx_http_idempotency_module $(VERSION)" \
+	    "into $(DESTDIR)$(MODULES_DIR)"

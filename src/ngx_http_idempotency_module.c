@@ -247,7 +247,7 @@ ngx_module_t  ngx_http_idempotency_module = {
     ngx_http_idempotency_commands,         /* module directives */
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
-    NULL,                                  /* init module */
+    ngx_http_idempotency_init_module,      /* init module */
     ngx_http_idempotency_init_process,     /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */

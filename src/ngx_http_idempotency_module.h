@@ -16,6 +16,8 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
 
+#include "ngx_http_idempotency_version.h"
+
 
 #define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
@@ -330,6 +332,9 @@ void ngx_http_idempotency_keep_done(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+
+/* version.c */
+ngx_int_t ngx_http_idempotency_init_module(ngx_cycle_t *cycle);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, tests, demo and bench need, plus
-# any named as arguments (fuzz/run.sh adds clang); does nothing when they
-# are all there already.
+# Installs the Debian packages the build, tests, demo, bench and make deb
+# need, plus any named as arguments (fuzz/run.sh adds clang); does nothing
+# when they are all there already.
 set -euo pipefail
 
 pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libnginx-mod-http-echo curl wrk
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
-      libipc-run-perl openssl "$@")
+      libipc-run-perl openssl
+      build-essential debhelper dpkg-dev fakeroot lintian "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do
