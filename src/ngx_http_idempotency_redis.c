@@ -25,6 +25,10 @@ static void ngx_http_idempotency_redis_handshake(
     ngx_http_idempotency_redis_t *redis);
 static void ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
 static void ngx_http_idempotency_redis_reply(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_idempotency_on_connect(const redisAsyncContext *ac,
@@ -54,6 +58,14 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 {
     redis->log = cycle->log;
     redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+
+    /* only workers serve requests: not the cache manager nor the loader */
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
 
     /*
      * connection-level timers are cancelable so that a gracefully exiting
@@ -186,13 +198,18 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_t *redis)
 }
 
 
-/* AUTH, SELECT and SCRIPT LOAD are pipelined ahead of every request */
+/*
+ * AUTH, SELECT, CLIENT SETNAME and SCRIPT LOAD are pipelined ahead of every
+ * request; the reply to CLIENT SETNAME tells that AUTH and SELECT passed
+ */
 
 static void
 ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
 {
     int                         argc;
     u_char                      db[NGX_INT_T_LEN];
+    u_char                      name[sizeof("nginx-idempotency-")
+                                     + NGX_INT64_LEN];
     size_t                      argvlen[3];
     const char                 *argv[3];
     ngx_http_idempotency_op_t  *op;
@@ -246,6 +263,25 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
         }
     }
 
+    argv[0] = "CLIENT";
+    argvlen[0] = 6;
+    argv[1] = "SETNAME";
+    argvlen[1] = 7;
+    argv[2] = (const char *) name;
+    argvlen[2] = ngx_sprintf(name, "nginx-idempotency-%P", ngx_pid) - name;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return;
+    }
+
+    op->handler = ngx_http_idempotency_setname_done;
+    op->handshake = 1;
+
+    if (ngx_http_idempotency_redis_command(op, 3, argv, argvlen) != NGX_OK) {
+        return;
+    }
+
     ngx_http_idempotency_redis_load_script(redis);
 }
 
@@ -271,7 +307,7 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
         return;
     }
 
-    op->handler = ngx_http_idempotency_handshake_done;
+    op->handler = ngx_http_idempotency_script_done;
     op->handshake = 1;
 
     (void) ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
@@ -280,11 +316,39 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
 
 /*
  * A refused AUTH leaves the connection open as the default user: drop it,
- * and the replies of whatever was pipelined behind it.
+ * and the replies of whatever was pipelined behind it.  The backoff goes on
+ * growing as for a refused connect, and the refusal is logged once.
  */
 
 static void
 ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = op->redis;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    if (!redis->refused) {
+        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                      "idempotency: redis \"%V\" refused the handshake: %*s",
+                      &redis->name, (size_t) reply->len, reply->str);
+        redis->refused = 1;
+    }
+
+    redis->failed = 1;
+    redis->handshake_failed = 1;
+    ngx_http_idempotency_redis_reset(redis);
+}
+
+
+/* a refused name is harmless; either way AUTH and SELECT have passed */
+
+static void
+ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_http_idempotency_redis_t  *redis;
@@ -296,16 +360,54 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                      "idempotency: redis \"%V\" refused the handshake: %*s",
+        ngx_log_error(NGX_LOG_INFO, redis->log, 0,
+                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %*s",
                       &redis->name, (size_t) reply->len, reply->str);
+    }
 
-        redis->failed = 1;
-        redis->handshake_failed = 1;
-        ngx_http_idempotency_redis_reset(redis);
+    ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                  "idempotency: connected to redis \"%V\"%s",
+                  &redis->name, redis->was_up ? " again" : "");
+
+    redis->up = 1;
+    redis->was_up = 1;
+    redis->failed = 0;
+    redis->refused = 0;
+    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+}
+
+
+/*
+ * Claims do not need the script on Redis >= 7 (SET NX GET), so an ACL that
+ * forbids scripting is no reason to drop the connection; the finish script
+ * (EVAL) is refused then too, and each refused store says so.
+ */
+
+static void
+ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = op->redis;
+
+    if (reply == NULL) {
         return;
     }
 
+    if (reply->type != REDIS_REPLY_ERROR) {
+        redis->script_refused = 0;
+        return;
+    }
+
+    if (!redis->script_refused) {
+        ngx_log_error(NGX_LOG_WARN, redis->log, 0,
+                      "idempotency: redis \"%V\" refused SCRIPT LOAD: %*s "
+                      "(claims on Redis 7 do not need it; records are "
+                      "stored with EVAL)",
+                      &redis->name, (size_t) reply->len, reply->str);
+        redis->script_refused = 1;
+    }
 }
 
 
@@ -473,10 +575,11 @@ ngx_http_idempotency_redis_reply(redisAsyncContext *ac, void *reply,
 
     /*
      * commands pipelined behind a refused AUTH or SELECT ran as the wrong
-     * user or in the wrong db: their replies do not count
+     * user or in the wrong db: their replies do not count, nor do those of
+     * the rest of the handshake
      */
 
-    if (redis->handshake_failed && !op->handshake) {
+    if (redis->handshake_failed) {
         reply = NULL;
     }
 
@@ -549,15 +652,9 @@ ngx_http_idempotency_on_connect(const redisAsyncContext *ac, int status)
         return;
     }
 
-    redis->connected = 1;
-    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+    /* the backoff and the "connected" notice wait for the handshake */
 
-    if (redis->failed && !redis->handshake_failed) {
-        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
-                      "idempotency: connected to redis \"%V\" again",
-                      &redis->name);
-        redis->failed = 0;
-    }
+    redis->connected = 1;
 }
 
 
@@ -724,6 +821,7 @@ ngx_http_idempotency_cleanup(void *data)
 
     redis->ac = NULL;
     redis->connected = 0;
+    redis->up = 0;
     redis->pending = 0;
 
     if (redis->connect_ev.timer_set) {
