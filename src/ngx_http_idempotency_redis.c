@@ -41,6 +41,8 @@ static void ngx_http_idempotency_add_write(void *data);
 static void ngx_http_idempotency_del_write(void *data);
 static void ngx_http_idempotency_cleanup(void *data);
 static void ngx_http_idempotency_read_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_unsolicited(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply);
 static void ngx_http_idempotency_write_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
@@ -345,12 +347,18 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
 }
 
 
-/* a refused name is harmless; either way AUTH and SELECT have passed */
+/*
+ * Not being allowed to name the connection (an ACL, a renamed command) is
+ * harmless, and means AUTH and SELECT have passed.  Any other error, such
+ * as "max number of clients reached" sent on accept to a connection
+ * without AUTH or SELECT, is a refused handshake.
+ */
 
 static void
 ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
+    ngx_str_t                      err;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = op->redis;
@@ -360,9 +368,21 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
+        err.data = (u_char *) reply->str;
+        err.len = reply->len;
+
+        if (!(err.len >= 6 && ngx_strncmp(err.data, "NOPERM", 6) == 0)
+            && ngx_strlcasestrn(err.data, err.data + err.len,
+                                (u_char *) "unknown", 7 - 1)
+               == NULL)
+        {
+            ngx_http_idempotency_handshake_done(op, reply);
+            return;
+        }
+
         ngx_log_error(NGX_LOG_INFO, redis->log, 0,
-                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %*s",
-                      &redis->name, (size_t) reply->len, reply->str);
+                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %V",
+                      &redis->name, &err);
     }
 
     ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
@@ -844,17 +864,140 @@ ngx_http_idempotency_cleanup(void *data)
 }
 
 
+/*
+ * Replies are matched to their commands here rather than in hiredis 0.14's
+ * redisProcessCallbacks(), which abort()s the worker on a reply that no
+ * command asked for (a misbehaving proxy).  Only the public API is used:
+ * the reader, and the callback list of async.h.
+ */
+
 static void
 ngx_http_idempotency_read_handler(ngx_event_t *ev)
 {
     ngx_connection_t              *c = ev->data;
     ngx_http_idempotency_redis_t  *redis = c->data;
 
-    /* may free the context and this connection: touch nothing after */
+    redisAsyncContext  *ac;
+    redisCallbackFn    *fn;
+    redisCallback      *cb;
+    void               *reply, *privdata;
 
-    if (redis->ac) {
-        redisAsyncHandleRead(redis->ac);
+    ac = redis->ac;
+
+    if (ac == NULL) {
+        return;
     }
+
+    if (!(ac->c.flags & REDIS_CONNECTED)) {
+        /*
+         * complete the connect as a write event does (hiredis may free the
+         * context); being level-triggered, the read event fires again
+         */
+        ngx_http_idempotency_write_handler(c->write);
+        return;
+    }
+
+    if (redisBufferRead(&ac->c) != REDIS_OK) {
+        if (!redis->failed) {
+            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                          "idempotency: lost the connection to redis "
+                          "\"%V\": %s", &redis->name, ac->c.errstr);
+            redis->failed = 1;
+        }
+
+        redisAsyncFree(ac);
+        return;
+    }
+
+    for ( ;; ) {
+        if (redisGetReplyFromReader(&ac->c, &reply) != REDIS_OK) {
+            if (!redis->failed) {
+                ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                              "idempotency: redis \"%V\" sent an invalid "
+                              "reply: %s, reconnecting",
+                              &redis->name, ac->c.errstr);
+                redis->failed = 1;
+            }
+
+            redisAsyncFree(ac);
+            return;
+        }
+
+        if (reply == NULL) {
+            return;
+        }
+
+        cb = ac->replies.head;
+
+        if (cb == NULL) {
+            if (!redis->failed) {
+                ngx_http_idempotency_redis_unsolicited(redis, reply);
+                redis->failed = 1;
+            }
+
+            freeReplyObject(reply);
+
+            /* pending commands, if any, get a NULL reply */
+            redisAsyncFree(ac);
+            return;
+        }
+
+        ac->replies.head = cb->next;
+
+        if (cb->next == NULL) {
+            ac->replies.tail = NULL;
+        }
+
+        fn = cb->fn;
+        privdata = cb->privdata;
+
+        /* hiredis 0.14 allocates callbacks with malloc() */
+        free(cb);
+
+        /* as hiredis does: a redisAsyncFree() inside only marks the context */
+
+        if (fn) {
+            ac->c.flags |= REDIS_IN_CALLBACK;
+            fn(ac, reply, privdata);
+            ac->c.flags &= ~REDIS_IN_CALLBACK;
+        }
+
+        freeReplyObject(reply);
+
+        if (ac->c.flags & REDIS_FREEING) {
+            redisAsyncFree(ac);
+            return;
+        }
+    }
+}
+
+
+static void
+ngx_http_idempotency_redis_unsolicited(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply)
+{
+    size_t   len;
+    char    *str;
+
+    /* an error reply may be "max number of clients reached" or LOADING */
+
+    if ((reply->type == REDIS_REPLY_ERROR
+         || reply->type == REDIS_REPLY_STATUS
+         || reply->type == REDIS_REPLY_STRING)
+        && reply->str)
+    {
+        str = reply->str;
+        len = ngx_min((size_t) reply->len, 64);
+
+    } else {
+        str = "";
+        len = 0;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                  "idempotency: redis \"%V\" sent a reply to no command "
+                  "(type %d \"%*s\"), reconnecting",
+                  &redis->name, reply->type, len, str);
 }
 
 

@@ -1,13 +1,17 @@
 # The Redis connection (SPEC §6): a refused handshake backs off like a
 # refused connect and is logged once; "connected" is logged only after the
 # handshake; a refused SCRIPT LOAD is not fatal; only workers connect (not
-# the cache manager or loader), under a CLIENT SETNAME name.
+# the cache manager or loader), under a CLIENT SETNAME name; a reply that no
+# command asked for resets the connection instead of aborting the worker.
 # Plain Test::More: it starts its own nginx instances (ports 20100-20149).
 use strict;
 use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use IO::Socket::INET;
+use IO::Select;
+use POSIX ();
 use Time::HiRes qw(sleep time);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
@@ -15,19 +19,22 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $rp = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
-my ($port_badpass, $port_named, $port_noscript) = (20100, 20101, 20102);
+my ($port_badpass, $port_named, $port_noscript, $port_fake, $port_full)
+    = (20100, 20101, 20102, 20103, 20104);    # and 20105
+my ($fake_redis, $full_redis) = (20120, 20121);    # and 20122
 
 my $root = fleet_root('redisconn');
 
 redis_cli('ACL', 'SETUSER', 'idemconn', 'reset', 'on', '>s3cret', '~*',
           '+@all');
 redis_cli('ACL', 'SETUSER', 'idemnoscript', 'reset', 'on', '>s3cret', '~*',
-          '+@all', '-@scripting');
+          '+@all', '-@scripting', '-client|setname');
 
-my @dirs;
+my (@fake_pids, @dirs);
 
 END {
     nginx_stop($_) for @dirs;
+    kill 'TERM', @fake_pids;
     redis_cli('ACL', 'DELUSER', 'idemconn', 'idemnoscript');
 }
 
@@ -51,6 +58,13 @@ EOC
     nginx_start($dir);
     push @dirs, $dir;
     return $dir;
+}
+
+# stopped at the end of its block: a live one would skew the counts of the next
+sub retire {
+    my $dir = shift;
+    nginx_stop($dir);
+    @dirs = grep { $_ ne $dir } @dirs;
 }
 
 sub log_count {
@@ -91,6 +105,7 @@ sub clients_of {
     is(log_count($dir, qr/connected to redis/), 0,
        "never reported as connected");
     is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
+    retire($dir);
 }
 
 # 2. only the worker connects, named, and says so once; again after a kill
@@ -122,10 +137,11 @@ sub clients_of {
     is("$a->{status} $b->{status}", "201 201", "protected after a reconnect");
     like($b->{head}, qr/X-Idem: replay/, "the second is a replay");
     is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
+    retire($dir);
 }
 
-# 3. an ACL user without scripting: claims work (SET NX GET), the store
-#    (EVAL) is refused, the connection stays
+# 3. an ACL user without scripting nor CLIENT SETNAME: claims work (SET NX
+#    GET), the store (EVAL) is refused, the connection stays
 {
     my $dir = instance('noscript', $port_noscript,
         "idempotency_redis 127.0.0.1:$rp user=idemnoscript password=s3cret;");
@@ -146,9 +162,124 @@ sub clients_of {
        "the refused SCRIPT LOAD is logged once, at warn");
     is(log_count($dir, qr/refused to store the record: NOPERM/), 1,
        "the refused store is logged");
+    is(log_count($dir, qr/\[info\].*refused CLIENT SETNAME: NOPERM/), 1,
+       "the refused name is logged at info");
     is(log_count($dir, qr/connected to redis/), 1, "reported as connected");
     is(log_count($dir, qr/refused the handshake/), 0, "not a refusal");
     is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
+    retire($dir);
+}
+
+# 4. a server that sends a reply no command asked for (a misbehaving proxy):
+#    hiredis 0.14 would abort() the worker; the connection is reset instead
+
+# RESP commands in, canned answers out; every SET gets one answer too many.
+# With a $greeting, each connection gets it and is closed (and counted in
+# $accepts): "-ERR max number..." is what a full Redis sends.
+sub fake_redis {
+    my ($port, $greeting, $accepts) = @_;
+    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
+                                  Listen => 16, ReuseAddr => 1)
+        or die "fake redis: $!";
+    my $pid = fork // die "fork: $!";
+    return $pid if $pid;
+
+    alarm 60;
+    my $sel = IO::Select->new($l);
+    my %buf;
+    for (;;) {
+        for my $s ($sel->can_read) {
+            if ($s == $l) {
+                my $c = $l->accept or next;
+                if (defined $greeting) {
+                    syswrite($c, $greeting);
+                    close $c;
+                    open my $fh, '>>', $accepts or die;
+                    print $fh "accept\n";
+                    close $fh;
+                    next;
+                }
+                $sel->add($c);
+                $buf{fileno $c} = '';
+                next;
+            }
+            my $n = sysread($s, my $in, 65536);
+            if (!$n) {
+                $sel->remove($s);
+                delete $buf{fileno $s};
+                close $s;
+                next;
+            }
+            my $b = \$buf{fileno $s};
+            $$b .= $in;
+            while ($$b =~ /\A\*(\d+)\r\n/) {
+                my ($argc, $pos, @argv) = ($1, length $&);
+                for (1 .. $argc) {
+                    last unless substr($$b, $pos) =~ /\A\$(\d+)\r\n/;
+                    my $len = $1;
+                    $pos += length $&;
+                    last if length($$b) < $pos + $len + 2;
+                    push @argv, substr($$b, $pos, $len);
+                    $pos += $len + 2;
+                }
+                last if @argv < $argc;
+                substr($$b, 0, $pos) = '';
+                my $cmd = uc $argv[0];
+                syswrite($s, $cmd eq 'SET' ? "\$-1\r\n+OK\r\n"
+                           : $cmd eq 'SCRIPT' ? "\$40\r\n" . ('0' x 40) . "\r\n"
+                           : $cmd =~ /^EVAL/ ? ":1\r\n"
+                           : "+OK\r\n");
+            }
+        }
+    }
+}
+
+{
+    push @fake_pids, fake_redis($fake_redis);
+    my $dir = instance('unsolicited', $port_fake,
+                       "idempotency_redis 127.0.0.1:$fake_redis;");
+
+    sleep 0.3 * $slow;
+    my $r = http_post($port_fake, 'conn-unsolicited', 'x', undef, undef, 5);
+    sleep 0.3 * $slow;
+
+    is($r->{status}, 201, "unsolicited reply: the claim's own reply counts");
+    is(log_count($dir, qr/exited on signal/), 0, "the worker did not abort");
+    is(log_count($dir, qr/\[error\].*sent a reply to no command/), 1,
+       "the unsolicited reply is logged, once");
+    ok(log_count($dir, qr/connected to redis "[^"]+" again/) >= 1,
+       "and the connection is made again");
+    retire($dir);
+}
+
+# 5. a full Redis refuses a connection without AUTH at its CLIENT SETNAME:
+#    a refused handshake too, not "connected"; and a server that does not
+#    speak RESP at all
+for my $t (['full', "-ERR max number of clients reached\r\n",
+            qr/refused the handshake: ERR max number of clients/],
+           ['http', "HTTP/1.1 400 Bad Request\r\n\r\n",
+            qr/\[error\].*sent an invalid reply: Protocol error/])
+{
+    my ($name, $greeting, $logged) = @$t;
+    my $accepts = "$root/$name-accepts";
+    my $redis_port = $name eq 'full' ? $full_redis : $full_redis + 1;
+    push @fake_pids, fake_redis($redis_port, $greeting, $accepts);
+    my $dir = instance($name, $name eq 'full' ? $port_full : $port_full + 1,
+                       "idempotency_redis 127.0.0.1:$redis_port;");
+
+    sleep 1.5;
+    my $before = () = lines_of($accepts);
+    sleep 1;
+    my $made = (() = lines_of($accepts)) - $before;
+
+    cmp_ok($made, '<=', 4, "$name: at most 4 connects a second")
+        or diag "$made connections in 1 s";
+    is(log_count($dir, $logged), 1, "$name: logged once, with the reason");
+    is(log_count($dir, qr/connected to redis/), 0,
+       "$name: never reported as connected");
+    is(scalar log_problems("$dir/logs/error.log"), 0,
+       "$name: no crash or alert");
+    retire($dir);
 }
 
 done_testing();
