@@ -127,6 +127,10 @@ typedef struct {
     unsigned                         failed:1;   /* failure logged */
     unsigned                         exiting:1;
     unsigned                         flushing:1;
+    unsigned                         up:1;       /* handshake succeeded */
+    unsigned                         was_up:1;
+    unsigned                         refused:1;  /* refusal logged */
+    unsigned                         script_refused:1;
 } ngx_http_idempotency_redis_t;
 
 

@@ -25,6 +25,10 @@ static void ngx_http_idempotency_redis_handshake(
     ngx_http_idempotency_redis_t *redis);
 static void ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
 static void ngx_http_idempotency_redis_reply(redisAsyncContext *ac,
     void *reply, void *data);
 static void ngx_http_idempotency_on_connect(const redisAsyncContext *ac,
@@ -37,6 +41,8 @@ static void ngx_http_idempotency_add_write(void *data);
 static void ngx_http_idempotency_del_write(void *data);
 static void ngx_http_idempotency_cleanup(void *data);
 static void ngx_http_idempotency_read_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_unsolicited(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply);
 static void ngx_http_idempotency_write_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
@@ -54,6 +60,14 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 {
     redis->log = cycle->log;
     redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+
+    /* only workers serve requests: not the cache manager nor the loader */
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
 
     /*
      * connection-level timers are cancelable so that a gracefully exiting
@@ -186,13 +200,18 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_t *redis)
 }
 
 
-/* AUTH, SELECT and SCRIPT LOAD are pipelined ahead of every request */
+/*
+ * AUTH, SELECT, CLIENT SETNAME and SCRIPT LOAD are pipelined ahead of every
+ * request; the reply to CLIENT SETNAME tells that AUTH and SELECT passed
+ */
 
 static void
 ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
 {
     int                         argc;
     u_char                      db[NGX_INT_T_LEN];
+    u_char                      name[sizeof("nginx-idempotency-")
+                                     + NGX_INT64_LEN];
     size_t                      argvlen[3];
     const char                 *argv[3];
     ngx_http_idempotency_op_t  *op;
@@ -246,6 +265,25 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
         }
     }
 
+    argv[0] = "CLIENT";
+    argvlen[0] = 6;
+    argv[1] = "SETNAME";
+    argvlen[1] = 7;
+    argv[2] = (const char *) name;
+    argvlen[2] = ngx_sprintf(name, "nginx-idempotency-%P", ngx_pid) - name;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return;
+    }
+
+    op->handler = ngx_http_idempotency_setname_done;
+    op->handshake = 1;
+
+    if (ngx_http_idempotency_redis_command(op, 3, argv, argvlen) != NGX_OK) {
+        return;
+    }
+
     ngx_http_idempotency_redis_load_script(redis);
 }
 
@@ -271,7 +309,7 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
         return;
     }
 
-    op->handler = ngx_http_idempotency_handshake_done;
+    op->handler = ngx_http_idempotency_script_done;
     op->handshake = 1;
 
     (void) ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
@@ -280,7 +318,8 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
 
 /*
  * A refused AUTH leaves the connection open as the default user: drop it,
- * and the replies of whatever was pipelined behind it.
+ * and the replies of whatever was pipelined behind it.  The backoff goes on
+ * growing as for a refused connect, and the refusal is logged once.
  */
 
 static void
@@ -291,21 +330,104 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
 
     redis = op->redis;
 
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    if (!redis->refused) {
+        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                      "idempotency: redis \"%V\" refused the handshake: %*s",
+                      &redis->name, (size_t) reply->len, reply->str);
+        redis->refused = 1;
+    }
+
+    redis->failed = 1;
+    redis->handshake_failed = 1;
+    ngx_http_idempotency_redis_reset(redis);
+}
+
+
+/*
+ * Not being allowed to name the connection (an ACL, a renamed command) is
+ * harmless, and means AUTH and SELECT have passed.  Any other error, such
+ * as "max number of clients reached" sent on accept to a connection
+ * without AUTH or SELECT, is a refused handshake.
+ */
+
+static void
+ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t                      err;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = op->redis;
+
     if (reply == NULL) {
         return;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                      "idempotency: redis \"%V\" refused the handshake: %*s",
-                      &redis->name, (size_t) reply->len, reply->str);
+        err.data = (u_char *) reply->str;
+        err.len = reply->len;
 
-        redis->failed = 1;
-        redis->handshake_failed = 1;
-        ngx_http_idempotency_redis_reset(redis);
+        if (!(err.len >= 6 && ngx_strncmp(err.data, "NOPERM", 6) == 0)
+            && ngx_strlcasestrn(err.data, err.data + err.len,
+                                (u_char *) "unknown", 7 - 1)
+               == NULL)
+        {
+            ngx_http_idempotency_handshake_done(op, reply);
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, redis->log, 0,
+                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %V",
+                      &redis->name, &err);
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                  "idempotency: connected to redis \"%V\"%s",
+                  &redis->name, redis->was_up ? " again" : "");
+
+    redis->up = 1;
+    redis->was_up = 1;
+    redis->failed = 0;
+    redis->refused = 0;
+    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+}
+
+
+/*
+ * Claims do not need the script on Redis >= 7 (SET NX GET), so an ACL that
+ * forbids scripting is no reason to drop the connection; the finish script
+ * (EVAL) is refused then too, and each refused store says so.
+ */
+
+static void
+ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = op->redis;
+
+    if (reply == NULL) {
         return;
     }
 
+    if (reply->type != REDIS_REPLY_ERROR) {
+        redis->script_refused = 0;
+        return;
+    }
+
+    if (!redis->script_refused) {
+        ngx_log_error(NGX_LOG_WARN, redis->log, 0,
+                      "idempotency: redis \"%V\" refused SCRIPT LOAD: %*s "
+                      "(claims on Redis 7 do not need it; records are "
+                      "stored with EVAL)",
+                      &redis->name, (size_t) reply->len, reply->str);
+        redis->script_refused = 1;
+    }
 }
 
 
@@ -473,10 +595,11 @@ ngx_http_idempotency_redis_reply(redisAsyncContext *ac, void *reply,
 
     /*
      * commands pipelined behind a refused AUTH or SELECT ran as the wrong
-     * user or in the wrong db: their replies do not count
+     * user or in the wrong db: their replies do not count, nor do those of
+     * the rest of the handshake
      */
 
-    if (redis->handshake_failed && !op->handshake) {
+    if (redis->handshake_failed) {
         reply = NULL;
     }
 
@@ -549,15 +672,9 @@ ngx_http_idempotency_on_connect(const redisAsyncContext *ac, int status)
         return;
     }
 
-    redis->connected = 1;
-    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+    /* the backoff and the "connected" notice wait for the handshake */
 
-    if (redis->failed && !redis->handshake_failed) {
-        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
-                      "idempotency: connected to redis \"%V\" again",
-                      &redis->name);
-        redis->failed = 0;
-    }
+    redis->connected = 1;
 }
 
 
@@ -724,6 +841,7 @@ ngx_http_idempotency_cleanup(void *data)
 
     redis->ac = NULL;
     redis->connected = 0;
+    redis->up = 0;
     redis->pending = 0;
 
     if (redis->connect_ev.timer_set) {
@@ -746,17 +864,140 @@ ngx_http_idempotency_cleanup(void *data)
 }
 
 
+/*
+ * Replies are matched to their commands here rather than in hiredis 0.14's
+ * redisProcessCallbacks(), which abort()s the worker on a reply that no
+ * command asked for (a misbehaving proxy).  Only the public API is used:
+ * the reader, and the callback list of async.h.
+ */
+
 static void
 ngx_http_idempotency_read_handler(ngx_event_t *ev)
 {
     ngx_connection_t              *c = ev->data;
     ngx_http_idempotency_redis_t  *redis = c->data;
 
-    /* may free the context and this connection: touch nothing after */
+    redisAsyncContext  *ac;
+    redisCallbackFn    *fn;
+    redisCallback      *cb;
+    void               *reply, *privdata;
 
-    if (redis->ac) {
-        redisAsyncHandleRead(redis->ac);
+    ac = redis->ac;
+
+    if (ac == NULL) {
+        return;
     }
+
+    if (!(ac->c.flags & REDIS_CONNECTED)) {
+        /*
+         * complete the connect as a write event does (hiredis may free the
+         * context); being level-triggered, the read event fires again
+         */
+        ngx_http_idempotency_write_handler(c->write);
+        return;
+    }
+
+    if (redisBufferRead(&ac->c) != REDIS_OK) {
+        if (!redis->failed) {
+            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                          "idempotency: lost the connection to redis "
+                          "\"%V\": %s", &redis->name, ac->c.errstr);
+            redis->failed = 1;
+        }
+
+        redisAsyncFree(ac);
+        return;
+    }
+
+    for ( ;; ) {
+        if (redisGetReplyFromReader(&ac->c, &reply) != REDIS_OK) {
+            if (!redis->failed) {
+                ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                              "idempotency: redis \"%V\" sent an invalid "
+                              "reply: %s, reconnecting",
+                              &redis->name, ac->c.errstr);
+                redis->failed = 1;
+            }
+
+            redisAsyncFree(ac);
+            return;
+        }
+
+        if (reply == NULL) {
+            return;
+        }
+
+        cb = ac->replies.head;
+
+        if (cb == NULL) {
+            if (!redis->failed) {
+                ngx_http_idempotency_redis_unsolicited(redis, reply);
+                redis->failed = 1;
+            }
+
+            freeReplyObject(reply);
+
+            /* pending commands, if any, get a NULL reply */
+            redisAsyncFree(ac);
+            return;
+        }
+
+        ac->replies.head = cb->next;
+
+        if (cb->next == NULL) {
+            ac->replies.tail = NULL;
+        }
+
+        fn = cb->fn;
+        privdata = cb->privdata;
+
+        /* hiredis 0.14 allocates callbacks with malloc() */
+        free(cb);
+
+        /* as hiredis does: a redisAsyncFree() inside only marks the context */
+
+        if (fn) {
+            ac->c.flags |= REDIS_IN_CALLBACK;
+            fn(ac, reply, privdata);
+            ac->c.flags &= ~REDIS_IN_CALLBACK;
+        }
+
+        freeReplyObject(reply);
+
+        if (ac->c.flags & REDIS_FREEING) {
+            redisAsyncFree(ac);
+            return;
+        }
+    }
+}
+
+
+static void
+ngx_http_idempotency_redis_unsolicited(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply)
+{
+    size_t   len;
+    char    *str;
+
+    /* an error reply may be "max number of clients reached" or LOADING */
+
+    if ((reply->type == REDIS_REPLY_ERROR
+         || reply->type == REDIS_REPLY_STATUS
+         || reply->type == REDIS_REPLY_STRING)
+        && reply->str)
+    {
+        str = reply->str;
+        len = ngx_min((size_t) reply->len, 64);
+
+    } else {
+        str = "";
+        len = 0;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                  "idempotency: redis \"%V\" sent a reply to no command "
+                  "(type %d \"%*s\"), reconnecting",
+                  &redis->name, reply->type, len, str);
 }
 
 
