@@ -838,16 +838,19 @@ ngx_http_idempotency_cleanup(void *data)
     }
 
     /*
-     * The owner ends without a stored response.  Once the upstream got the
-     * request the operation may have run (the client went away, stalled
-     * until send_timeout, the worker shut down): keep the claim, 409 until
-     * idempotency_lock_ttl, rather than risk running it twice.  Otherwise
-     * release it so that a retry executes.
+     * The owner ends without a stored response.  If its client failed
+     * (went away, stalled until send_timeout, the worker shut down) after
+     * the upstream got the request, the operation may have run: keep the
+     * claim, 409 until idempotency_lock_ttl, rather than risk running it
+     * twice.  A failure of the upstream or of nginx releases it, so that
+     * a retry executes.
      */
 
     u = r->upstream;
 
-    if (u && u->request_sent) {
+    if ((r->connection->error || r->connection->timedout)
+        && u && u->request_sent)
+    {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the request ended before its response "
                       "was stored, after it was sent upstream; the key "

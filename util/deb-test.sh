@@ -225,6 +225,9 @@ http {
         listen 127.0.0.1:$port;
         location = /pay {
             idempotency on;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+        location = /backend {
             return 201 "charged \$request_id\n";
         }
     }
