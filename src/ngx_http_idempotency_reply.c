@@ -47,7 +47,8 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       ngx_string("response-not-replayable"),
       ngx_string("The response for this Idempotency-Key cannot be replayed"),
       ngx_string("The request with this key was executed, but its response "
-                 "was too large to store, so it cannot be sent again.") },
+                 "was too large to store: the result cannot be replayed. Do "
+                 "not retry the request with this key.") },
 
     { 422,
       ngx_string("key-reused"),
@@ -129,8 +130,11 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     r->headers_out.content_type_lowcase = NULL;
     r->headers_out.content_length_n = p - body;
 
-    if (pr->status == NGX_HTTP_CONFLICT
-        || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    /* retrying helps, except for a result that can never be replayed */
+
+    if ((pr->status == NGX_HTTP_CONFLICT
+         || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
+        && problem != NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE)
     {
         name = retry_after;
         value = one;
