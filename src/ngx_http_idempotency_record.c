@@ -306,6 +306,25 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
                 continue;
             }
 
+            /*
+             * nginx's own Location (r->headers_out.location), which the
+             * header filter may make absolute: a marker says so to the replay
+             */
+
+            if (&h[i] == r->headers_out.location) {
+
+                if (pass == 0) {
+                    size += 8 + sizeof(":location") - 1;
+
+                } else {
+                    p = ngx_http_idempotency_put32(p,
+                                                   sizeof(":location") - 1);
+                    p = ngx_cpymem(p, ":location", sizeof(":location") - 1);
+                    p = ngx_http_idempotency_put32(p, 0);
+                    n++;
+                }
+            }
+
             if (pass == 0) {
                 size += 8 + h[i].key.len + h[i].value.len;
                 continue;

@@ -163,7 +163,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 {
     u_char           *p;
     ngx_str_t         name, value;
-    ngx_uint_t        i;
+    ngx_uint_t        i, location;
     ngx_table_elt_t  *h;
 
     static ngx_str_t  replayed = ngx_string("Idempotent-Replayed");
@@ -176,6 +176,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     r->disable_not_modified = 1;
 
     p = rec->headers;
+    location = 0;
 
     for (i = 0; i < rec->nheaders; i++) {
         p = ngx_http_idempotency_record_next_header(p, &name, &value);
@@ -187,6 +188,15 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
             r->headers_out.content_type = value;
             r->headers_out.content_type_len = value.len;
             r->headers_out.content_type_lowcase = NULL;
+            continue;
+        }
+
+        /* the next header was nginx's own Location */
+
+        if (name.len == sizeof(":location") - 1
+            && ngx_strncmp(name.data, ":location", name.len) == 0)
+        {
+            location = 1;
             continue;
         }
 
@@ -207,12 +217,16 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
         {
             r->headers_out.content_encoding = h;
 
-        } else if (name.len == sizeof("Location") - 1
+        } else if (location
+                   && name.len == sizeof("Location") - 1
                    && ngx_strncasecmp(name.data, (u_char *) "Location",
                                       name.len) == 0)
         {
+            /* the header filter makes it absolute again, as it did then */
             r->headers_out.location = h;
         }
+
+        location = 0;
     }
 
     name = replayed;

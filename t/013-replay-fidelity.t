@@ -1,4 +1,6 @@
-# Replay fidelity.  A too-large result says "do not retry" and carries no
+# Replay fidelity: a replay goes through nginx's filters as the original
+# did.  A Location is absolute again only where nginx made the original
+# absolute.  A too-large result says "do not retry" and carries no
 # Retry-After, while an in-progress 409 keeps it.
 use Test::Nginx::Socket 'no_plan';
 
@@ -12,7 +14,76 @@ run_tests();
 
 __DATA__
 
-=== TEST 1: a too-large result: 409 without Retry-After, "do not retry"
+=== TEST 1: a relative Location the upstream sent is replayed relative
+--- config
+    location /pay/ {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/;
+    }
+    location /b/ {
+        add_header Location "/orders/42";
+        return 201 "created\n";
+    }
+--- more_headers
+Idempotency-Key: loc-1
+--- pipelined_requests eval
+["POST /pay/x\nx", "POST /pay/x\nx"]
+--- error_code eval
+[201, 201]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay"]
+--- raw_response_headers_like eval
+["\r\nLocation: /orders/42\r\n", "\r\nLocation: /orders/42\r\n"]
+
+
+
+=== TEST 2: a Location nginx rewrote and made absolute is absolute again; without absolute_redirect both stay relative; an absolute one keeps its name
+--- config
+    location /pay/ {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/;
+    }
+    location /rel/ {
+        idempotency on;
+        absolute_redirect off;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/;
+    }
+    location /off/ {
+        idempotency on;
+        proxy_redirect off;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/;
+    }
+    location /b/ {
+        add_header location "http://127.0.0.1:$server_port/b/orders/42";
+        return 201 "created\n";
+    }
+--- pipelined_requests eval
+["POST /pay/x\nx", "POST /pay/x\nx", "POST /rel/x\nx", "POST /rel/x\nx",
+ "POST /off/x\nx", "POST /off/x\nx"]
+--- more_headers eval
+["Idempotency-Key: loc-2a", "Idempotency-Key: loc-2a",
+ "Idempotency-Key: loc-2b", "Idempotency-Key: loc-2b",
+ "Idempotency-Key: loc-2c", "Idempotency-Key: loc-2c"]
+--- error_code eval
+[201, 201, 201, 201, 201, 201]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay", "X-Idem: new", "X-Idem: replay",
+ "X-Idem: new", "X-Idem: replay"]
+--- raw_response_headers_like eval
+["\r\nLocation: http://localhost:$ENV{TEST_NGINX_SERVER_PORT}/pay/orders/42\r\n",
+ "\r\nLocation: http://localhost:$ENV{TEST_NGINX_SERVER_PORT}/pay/orders/42\r\n",
+ "\r\nlocation: /rel/orders/42\r\n",
+ "\r\nlocation: /rel/orders/42\r\n",
+ "\r\nlocation: http://127.0.0.1:$ENV{TEST_NGINX_SERVER_PORT}/b/orders/42\r\n",
+ "\r\nlocation: http://127.0.0.1:$ENV{TEST_NGINX_SERVER_PORT}/b/orders/42\r\n"]
+
+
+
+=== TEST 3: a too-large result: 409 without Retry-After, "do not retry"
 --- config
     location = /pay {
         idempotency on;
@@ -41,7 +112,7 @@ stored as too large
 
 
 
-=== TEST 2: an in-progress 409 keeps Retry-After
+=== TEST 4: an in-progress 409 keeps Retry-After
 --- http_config
     log_format ra 'RA $upstream_status $upstream_http_retry_after';
 --- config
