@@ -181,9 +181,21 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     for (i = 0; i < rec->nheaders; i++) {
         p = ngx_http_idempotency_record_next_header(p, &name, &value);
 
+        /* type and charset as the upstream module splits them */
+
         if (name.len == sizeof("Content-Type") - 1
             && ngx_strncasecmp(name.data, (u_char *) "Content-Type",
                                name.len) == 0)
+        {
+            r->headers_out.content_type = value;
+            ngx_http_idempotency_content_type(&value,
+                &r->headers_out.content_type_len, &r->headers_out.charset);
+            r->headers_out.content_type_lowcase = NULL;
+            continue;
+        }
+
+        if (name.len == sizeof(":content-type") - 1
+            && ngx_strncmp(name.data, ":content-type", name.len) == 0)
         {
             r->headers_out.content_type = value;
             r->headers_out.content_type_len = value.len;

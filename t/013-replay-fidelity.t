@@ -1,7 +1,8 @@
 # Replay fidelity: a replay goes through nginx's filters as the original
 # did.  A Location is absolute again only where nginx made the original
-# absolute.  A too-large result says "do not retry" and carries no
-# Retry-After, while an in-progress 409 keeps it.
+# absolute; Content-Type parameters do not hide a replay from gzip_types,
+# sub_filter_types or charset_types.  A too-large result says "do not
+# retry" and carries no Retry-After, while an in-progress 409 keeps it.
 use Test::Nginx::Socket 'no_plan';
 
 use lib 't/lib';
@@ -83,7 +84,123 @@ Idempotency-Key: loc-1
 
 
 
-=== TEST 3: a too-large result: 409 without Retry-After, "do not retry"
+=== TEST 3: gzip_types matches a replayed Content-Type with a charset
+--- config
+    location = /pay {
+        idempotency on;
+        gzip on;
+        gzip_types application/json;
+        gzip_min_length 1;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/json;
+    }
+    location = /json {
+        default_type "application/json; charset=utf-8";
+        return 200 '{"status":"new","note":"long enough to be compressed"}';
+    }
+--- more_headers
+Idempotency-Key: ct-1
+Accept-Encoding: gzip
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nContent-Encoding: gzip\nContent-Type: application/json; charset=utf-8",
+ "X-Idem: replay\nContent-Encoding: gzip\nContent-Type: application/json; charset=utf-8"]
+--- response_body_like eval
+[qr/^\x1f\x8b/, qr/^\x1f\x8b/]
+
+
+
+=== TEST 4: sub_filter_types matches a replayed Content-Type with a charset
+--- config
+    location = /pay {
+        idempotency on;
+        sub_filter '"new"' '"rewritten"';
+        sub_filter_types application/json;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/json;
+    }
+    location = /json {
+        default_type "application/json; charset=utf-8";
+        return 200 '{"status":"new"}';
+    }
+--- more_headers
+Idempotency-Key: ct-2
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nContent-Type: application/json; charset=utf-8",
+ "X-Idem: replay\nContent-Type: application/json; charset=utf-8"]
+--- response_body eval
+['{"status":"rewritten"}', '{"status":"rewritten"}']
+
+
+
+=== TEST 5: charset_types and the upstream's charset recode a replay too
+--- http_config
+    charset_map koi8-r utf-8 { C1 D0B0; }
+--- config
+    location = /pay {
+        idempotency on;
+        charset utf-8;
+        charset_types application/json;
+        override_charset on;
+        add_header X-Idem $idempotency_status always;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/k.json;
+    }
+    location = /k.json {
+        types { }
+        default_type "application/json; charset=koi8-r";
+    }
+--- user_files eval
+">>> k.json\n{\"name\":\"\xC1\xC1\"}\n"
+--- more_headers
+Idempotency-Key: ct-3
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nContent-Type: application/json; charset=utf-8",
+ "X-Idem: replay\nContent-Type: application/json; charset=utf-8"]
+--- response_body eval
+["{\"name\":\"\xD0\xB0\xD0\xB0\"}\n", "{\"name\":\"\xD0\xB0\xD0\xB0\"}\n"]
+
+
+
+=== TEST 6: a type with parameters that nginx did not split stays unsplit
+--- config
+    location = /pay {
+        idempotency on;
+        gzip on;
+        gzip_types application/json;
+        gzip_min_length 1;
+        default_type "application/json; charset=utf-8";
+        add_header X-Idem $idempotency_status always;
+        return 200 '{"status":"new","note":"long enough to be compressed"}';
+    }
+--- more_headers
+Idempotency-Key: ct-4
+Accept-Encoding: gzip
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\n!Content-Encoding\nContent-Type: application/json; charset=utf-8",
+ "X-Idem: replay\n!Content-Encoding\nContent-Type: application/json; charset=utf-8"]
+--- response_body eval
+['{"status":"new","note":"long enough to be compressed"}',
+ '{"status":"new","note":"long enough to be compressed"}']
+
+
+
+=== TEST 7: a too-large result: 409 without Retry-After, "do not retry"
 --- config
     location = /pay {
         idempotency on;
@@ -112,7 +229,7 @@ stored as too large
 
 
 
-=== TEST 4: an in-progress 409 keeps Retry-After
+=== TEST 8: an in-progress 409 keeps Retry-After
 --- http_config
     log_format ra 'RA $upstream_status $upstream_http_retry_after';
 --- config
