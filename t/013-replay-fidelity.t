@@ -1,12 +1,69 @@
 # Replay fidelity: a replay goes through nginx's filters as the original
 # did.  A Location is absolute again only where nginx made the original
 # absolute; Content-Type parameters do not hide a replay from gzip_types,
-# sub_filter_types or charset_types.  A too-large result says "do not
-# retry" and carries no Retry-After, while an in-progress 409 keeps it.
+# sub_filter_types or charset_types; a too-large result says "do not
+# retry"; a header with CR, LF or NUL from another module is dropped from
+# the record instead of making it corrupt (503 until it expires).
 use Test::Nginx::Socket 'no_plan';
 
 use lib 't/lib';
 use IdemTest;
+use IO::Socket::INET;
+use POSIX ();
+
+# A raw HTTP backend for what nginx cannot send itself: a reason phrase
+# with a NUL byte, which nginx's upstream parser lets through.
+my $raw_port = 20200;
+my $starter = $$;
+my $raw_pid;
+
+{
+    my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                  LocalPort => $raw_port, Listen => 8,
+                                  ReuseAddr => 1, Proto => 'tcp',
+                                  Timeout => 1)
+        or die "raw backend on $raw_port: $!";
+
+    $raw_pid = fork() // die "fork: $!";
+
+    if ($raw_pid == 0) {
+        # accept() times out every second: gone with the test's process
+        while (getppid() == $starter) {
+            my $c = $l->accept or next;
+            my $req = '';
+            local $SIG{ALRM} = sub { die "idle\n" };
+            eval {
+                alarm 5;
+                while ($req !~ /\r\n\r\n/) {
+                    sysread($c, $req, 4096, length $req) or last;
+                }
+                my ($len) = $req =~ /^Content-Length:\s*(\d+)/mi;
+                my $want = index($req, "\r\n\r\n") + 4 + ($len // 0);
+                while (length $req < $want) {
+                    sysread($c, $req, 4096, length $req) or last;
+                }
+                alarm 0;
+            };
+            print $c "HTTP/1.1 201 Cre\0ated\r\n"
+                . "Content-Type: text/plain\r\nContent-Length: 3\r\n"
+                . "Connection: close\r\n\r\nok\n";
+            close $c;
+        }
+        POSIX::_exit(0);    # never run the test's END blocks here
+    }
+
+    close $l;
+}
+
+END {
+    local $?;
+    if (defined $raw_pid && $$ == $starter) {
+        kill 'TERM', $raw_pid;
+        waitpid $raw_pid, 0;
+    }
+}
+
+$ENV{TEST_NGINX_RAW_PORT} = $raw_port;
 
 # the log lines are checked after each pipelined response: all of them
 check_accum_error_log();
@@ -260,3 +317,118 @@ GET /fanout
 --- grep_error_log_out eval
 qr/^RA 409 1$/m
 --- timeout: 5
+
+
+
+=== TEST 9: a header with CR, LF or NUL from another module is dropped, the rest replayed
+--- main_config
+    load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        perl 'sub {
+            my $r = shift;
+            $r->header_out("X-Nul", "a\0b");
+            $r->header_out("X-Split", "1\r\nX-Injected: 1");
+            $r->header_out("X-Good", "kept");
+            $r->send_http_header("text/plain");
+            $r->print("done\n");
+            return 0;
+        }';
+    }
+--- more_headers
+Idempotency-Key: bad-1
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nX-Good: kept\nX-Injected: 1",
+ "X-Idem: replay\nX-Good: kept\n!X-Nul\n!X-Split\n!X-Injected\nContent-Type: text/plain"]
+--- response_body eval
+["done\n", "done\n"]
+--- error_log
+header "X-Nul" has CR, LF or NUL, not stored
+header "X-Split" has CR, LF or NUL, not stored
+--- no_error_log
+[error]
+[crit]
+
+
+
+=== TEST 10: a Location with CR LF is dropped, not fatal
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        return 302 "/next\r\nX-Injected: 1";
+    }
+--- more_headers
+Idempotency-Key: bad-2
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[302, 302]
+--- response_headers eval
+["X-Idem: new\nX-Injected: 1", "X-Idem: replay\n!Location\n!X-Injected"]
+--- response_body_like eval
+[qr/302 Found/, qr/302 Found/]
+--- error_log
+header "Location" has CR, LF or NUL, not stored
+--- no_error_log
+[error]
+[crit]
+
+
+
+=== TEST 11: a Content-Type with CR LF is dropped, not fatal
+--- config
+    location = /pay {
+        idempotency on;
+        default_type "text/plain\r\nX-Injected: 2";
+        add_header X-Idem $idempotency_status always;
+        return 200 "typed\n";
+    }
+--- more_headers
+Idempotency-Key: bad-3
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[200, 200]
+--- response_headers eval
+["X-Idem: new\nX-Injected: 2", "X-Idem: replay\n!Content-Type\n!X-Injected"]
+--- response_body eval
+["typed\n", "typed\n"]
+--- error_log
+header "Content-Type" has CR, LF or NUL, not stored
+--- no_error_log
+[error]
+[crit]
+
+
+
+=== TEST 12: an upstream reason phrase with a NUL is not stored; the rest is
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAW_PORT;
+    }
+--- more_headers
+Idempotency-Key: bad-4
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[201, 201]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay\nContent-Type: text/plain"]
+--- raw_response_headers_like eval
+["^HTTP/1.1 201 Cre\0ated\r\n", "^HTTP/1.1 201 Created\r\n"]
+--- response_body eval
+["ok\n", "ok\n"]
+--- error_log
+status line has CR, LF or NUL, not stored
+--- no_error_log
+[error]
+[crit]
