@@ -555,6 +555,10 @@ ngx_http_idempotency_unsafe(ngx_str_t *s)
 {
     u_char  *p, *last;
 
+    if (s->len == 0) {
+        return 0;
+    }
+
     last = s->data + s->len;
 
     for (p = s->data; p < last; p++) {
