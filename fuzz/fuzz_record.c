@@ -73,6 +73,23 @@ ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
 }
 
 
+ngx_int_t
+ngx_strncasecmp(u_char *s1, u_char *s2, size_t n)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to ngx_strncasecmp()\n");
+    abort();
+}
+
+
+void
+ngx_log_error_core(ngx_uint_t level, ngx_log_t *log, ngx_err_t err,
+    const char *fmt, ...)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to ngx_log_error_core()\n");
+    abort();
+}
+
+
 static u_char *
 put32(u_char *p, uint64_t v)
 {

@@ -302,6 +302,8 @@ u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
     ngx_str_t *value);
 void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
     ngx_uint_t status);
+void ngx_http_idempotency_content_type(ngx_str_t *value, size_t *type_len,
+    ngx_str_t *charset);
 
 /* filter.c */
 ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);

@@ -47,7 +47,8 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       ngx_string("response-not-replayable"),
       ngx_string("The response for this Idempotency-Key cannot be replayed"),
       ngx_string("The request with this key was executed, but its response "
-                 "was too large to store, so it cannot be sent again.") },
+                 "was too large to store: the result cannot be replayed. Do "
+                 "not retry the request with this key.") },
 
     { 422,
       ngx_string("key-reused"),
@@ -129,8 +130,11 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     r->headers_out.content_type_lowcase = NULL;
     r->headers_out.content_length_n = p - body;
 
-    if (pr->status == NGX_HTTP_CONFLICT
-        || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    /* retrying helps, except for a result that can never be replayed */
+
+    if ((pr->status == NGX_HTTP_CONFLICT
+         || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
+        && problem != NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE)
     {
         name = retry_after;
         value = one;
@@ -159,7 +163,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 {
     u_char           *p;
     ngx_str_t         name, value;
-    ngx_uint_t        i;
+    ngx_uint_t        i, location;
     ngx_table_elt_t  *h;
 
     static ngx_str_t  replayed = ngx_string("Idempotent-Replayed");
@@ -172,17 +176,39 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     r->disable_not_modified = 1;
 
     p = rec->headers;
+    location = 0;
 
     for (i = 0; i < rec->nheaders; i++) {
         p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        /* type and charset as the upstream module splits them */
 
         if (name.len == sizeof("Content-Type") - 1
             && ngx_strncasecmp(name.data, (u_char *) "Content-Type",
                                name.len) == 0)
         {
             r->headers_out.content_type = value;
+            ngx_http_idempotency_content_type(&value,
+                &r->headers_out.content_type_len, &r->headers_out.charset);
+            r->headers_out.content_type_lowcase = NULL;
+            continue;
+        }
+
+        if (name.len == sizeof(":content-type") - 1
+            && ngx_strncmp(name.data, ":content-type", name.len) == 0)
+        {
+            r->headers_out.content_type = value;
             r->headers_out.content_type_len = value.len;
             r->headers_out.content_type_lowcase = NULL;
+            continue;
+        }
+
+        /* the next header was nginx's own Location */
+
+        if (name.len == sizeof(":location") - 1
+            && ngx_strncmp(name.data, ":location", name.len) == 0)
+        {
+            location = 1;
             continue;
         }
 
@@ -203,12 +229,16 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
         {
             r->headers_out.content_encoding = h;
 
-        } else if (name.len == sizeof("Location") - 1
+        } else if (location
+                   && name.len == sizeof("Location") - 1
                    && ngx_strncasecmp(name.data, (u_char *) "Location",
                                       name.len) == 0)
         {
+            /* the header filter makes it absolute again, as it did then */
             r->headers_out.location = h;
         }
+
+        location = 0;
     }
 
     name = replayed;

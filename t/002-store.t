@@ -92,7 +92,7 @@ qr/\A(?:(?:BACKEND-EXEC \/backend\n){2})?\z/
 [201, 201, 201, 201]
 --- response_headers eval
 ["Set-Cookie: session=abc\nX-Order: 42",
- "!Set-Cookie\nX-Secret: s3cret\nX-Order: 42\nContent-Type: text/plain\nLocation: http://localhost:$ENV{TEST_NGINX_SERVER_PORT}/orders/42\nIdempotent-Replayed: true",
+ "!Set-Cookie\nX-Secret: s3cret\nX-Order: 42\nContent-Type: text/plain\nLocation: /orders/42\nIdempotent-Replayed: true",
  "Set-Cookie: session=abc",
  "Set-Cookie: session=abc\n!X-Secret\nIdempotent-Replayed: true"]
 
