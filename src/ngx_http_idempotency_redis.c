@@ -552,6 +552,8 @@ ngx_http_idempotency_on_connect(const redisAsyncContext *ac, int status)
     redis->connected = 1;
     redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
 
+    ngx_http_idempotency_metrics_redis_up(redis);
+
     if (redis->failed && !redis->handshake_failed) {
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
                       "idempotency: connected to redis \"%V\" again",
@@ -725,6 +727,8 @@ ngx_http_idempotency_cleanup(void *data)
     redis->ac = NULL;
     redis->connected = 0;
     redis->pending = 0;
+
+    ngx_http_idempotency_metrics_redis_down(redis);
 
     if (redis->connect_ev.timer_set) {
         ngx_del_timer(&redis->connect_ev);

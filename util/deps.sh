@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, tests, demo and bench need, plus
+# Installs the Debian packages the build, tests, demo and bench need
+# (prometheus for promtool, which checks the metrics and alert rules), plus
 # any named as arguments (fuzz/run.sh adds clang); does nothing when they
 # are all there already.
 set -euo pipefail
@@ -8,7 +9,7 @@ pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libnginx-mod-http-echo curl wrk
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
-      libipc-run-perl openssl "$@")
+      libipc-run-perl openssl prometheus "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do
