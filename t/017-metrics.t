@@ -10,6 +10,7 @@ use Test::More;
 use Fleet;
 use IO::Socket::INET;
 use IO::Select;
+use JSON::PP ();
 use Time::HiRes qw(sleep time);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
@@ -283,7 +284,7 @@ for my $name (qw(requests_total stores_total claims_lost_total redis_up
 }
 
 SKIP: {
-    skip 'promtool not installed (Debian package prometheus)', 2
+    skip 'promtool not installed (Debian package prometheus)', 4
         unless $promtool;
     open my $f, '>', "$root/scrape.txt" or die $!;
     print $f $s->{body};
@@ -294,6 +295,28 @@ SKIP: {
         or diag join '', lines_of("$root/promtool.out");
     my $out = `$promtool check rules docs/prometheus-alerts.yml 2>&1`;
     is($?, 0, "promtool check rules docs/prometheus-alerts.yml")
+        or diag $out;
+
+    $out = `$promtool test rules t/017-alerts.test.yml 2>&1`;
+    is($?, 0, "the alerts fire on the module's series (promtool test rules)")
+        or diag $out;
+
+    # the dashboard's queries, with its variables filled in, as rules
+    open my $fh, '<', 'docs/grafana-dashboard.json' or die $!;
+    my $dash = JSON::PP::decode_json(do { local $/; <$fh> });
+    my @expr = map { $_->{expr} } map { @{ $_->{targets} } }
+               @{ $dash->{panels} };
+    open my $rf, '>', "$root/dashboard-rules.yml" or die $!;
+    print $rf "groups:\n  - name: dashboard\n    rules:\n";
+    for my $i (0 .. $#expr) {
+        (my $e = $expr[$i]) =~ s/\$__rate_interval/1m/g;
+        $e =~ s/\$(instance|zone)/.*/g;
+        $e =~ s/'/''/g;
+        print $rf "      - record: dashboard:q$i\n        expr: '$e'\n";
+    }
+    close $rf;
+    $out = `$promtool check rules $root/dashboard-rules.yml 2>&1`;
+    ok($? == 0 && @expr >= 10, scalar(@expr) . " dashboard queries parse")
         or diag $out;
 }
 
