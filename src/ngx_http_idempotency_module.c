@@ -348,9 +348,8 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->store_max_size = NGX_CONF_UNSET_SIZE;
     conf->hide_headers = NGX_CONF_UNSET_PTR;
     conf->pass_headers = NGX_CONF_UNSET_PTR;
-    conf->on_redis_error = NGX_CONF_UNSET_UINT;
-
     conf->metrics_zone = NGX_CONF_UNSET_UINT;
+    conf->on_redis_error = NGX_CONF_UNSET_UINT;
 
     return conf;
 }
@@ -386,12 +385,11 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               1024 * 1024);
     ngx_conf_merge_ptr_value(conf->hide_headers, prev->hide_headers, NULL);
     ngx_conf_merge_ptr_value(conf->pass_headers, prev->pass_headers, NULL);
+    ngx_conf_merge_uint_value(conf->metrics_zone, prev->metrics_zone, 0);
     ngx_conf_merge_uint_value(conf->on_redis_error, prev->on_redis_error,
                               NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT);
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
-
-    ngx_conf_merge_uint_value(conf->metrics_zone, prev->metrics_zone, 0);
 
     if (conf->redis_timeout == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,

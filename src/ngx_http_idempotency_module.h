@@ -153,10 +153,9 @@ typedef struct {
     size_t                           store_max_size;
     ngx_array_t                     *hide_headers;   /* ngx_str_t */
     ngx_array_t                     *pass_headers;   /* ngx_str_t */
+    ngx_uint_t                       metrics_zone;   /* id, metrics.c */
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
-
-    ngx_uint_t                       metrics_zone;   /* id, metrics.c */
 } ngx_http_idempotency_loc_conf_t;
 
 

@@ -728,8 +728,6 @@ ngx_http_idempotency_cleanup(void *data)
     redis->connected = 0;
     redis->pending = 0;
 
-    ngx_http_idempotency_metrics_redis_down(redis);
-
     if (redis->connect_ev.timer_set) {
         ngx_del_timer(&redis->connect_ev);
     }
@@ -746,6 +744,7 @@ ngx_http_idempotency_cleanup(void *data)
         ngx_delete_posted_event(&redis->flush_ev);
     }
 
+    ngx_http_idempotency_metrics_redis_down(redis);
     ngx_http_idempotency_redis_schedule(redis);
 }
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, tests, demo and bench need
-# (prometheus for promtool, which checks the metrics and alert rules), plus
+# Installs the Debian packages the build, tests, demo and bench need, plus
 # any named as arguments (fuzz/run.sh adds clang); does nothing when they
 # are all there already.
 set -euo pipefail
 
 pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libnginx-mod-http-echo curl wrk
+      prometheus    # promtool: t/017 checks the metrics and alert rules
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
-      libipc-run-perl openssl prometheus "$@")
+      libipc-run-perl openssl "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do
