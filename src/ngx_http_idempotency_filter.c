@@ -375,6 +375,7 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     ctx->finished = 1;
     ctx->capturing = 0;
 
+    ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
     ngx_http_idempotency_finish_key(ctx->redis, &ctx->rkey, ctx->claim,
                                     value, len, ttl, log);
 }
@@ -403,6 +404,7 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
 
     op->handler = ngx_http_idempotency_finish_done;
     op->store = value ? 1 : 0;
+    ngx_http_idempotency_metrics_store_sent(op, value);
 
     argv[0] = "EVAL";
     argvlen[0] = 4;
@@ -425,6 +427,8 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
 
 failed:
 
+    ngx_http_idempotency_metrics_store_failed();
+
     ngx_log_error(NGX_LOG_ERR, log, 0,
                   "idempotency: cannot %s the record, redis unavailable; "
                   "the key stays claimed until idempotency_lock_ttl",
@@ -439,6 +443,8 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     ngx_log_t  *log;
 
     log = op->redis->log;
+
+    ngx_http_idempotency_metrics_store_done(op, reply);
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,

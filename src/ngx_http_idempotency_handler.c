@@ -400,6 +400,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     op->rkey_len = ctx->rkey.len;
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
     ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    ngx_http_idempotency_metrics_claim_sent(op, ctx);
 
     /*
      * Redis >= 7.0: SET NX GET PX is the claim in one native command (nil:
@@ -488,6 +489,8 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_ctx_t  *ctx;
 
     r = op->request;
+
+    ngx_http_idempotency_metrics_claim_done(op, reply);
 
     if (r == NULL) {
         /* the request is gone; a claim it won must not block retries */
@@ -631,6 +634,7 @@ ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
     rkey.data = op->rkey;
     rkey.len = op->rkey_len;
 
+    ngx_http_idempotency_metrics_attribute(op->zone);
     ngx_http_idempotency_finish_key(op->redis, &rkey, op->claim, NULL, 0, 0,
                                     op->redis->log);
 }

@@ -208,6 +208,22 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
       &ngx_http_idempotency_on_error },
 
+    /* metrics.c */
+
+    { ngx_string("idempotency_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idempotency_metrics,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_metrics_zone"),
+      NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_metrics_zone,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_problem_base_uri"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_str_slot,
@@ -257,7 +273,7 @@ ngx_module_t  ngx_http_idempotency_module = {
 };
 
 
-static ngx_str_t  ngx_http_idempotency_status_names[] = {
+ngx_str_t  ngx_http_idempotency_status_names[] = {
     ngx_string("bypass"),
     ngx_string("new"),
     ngx_string("replay"),
@@ -431,6 +447,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->store_max_size = NGX_CONF_UNSET_SIZE;
     conf->hide_headers = NGX_CONF_UNSET_PTR;
     conf->pass_headers = NGX_CONF_UNSET_PTR;
+    conf->metrics_zone = NGX_CONF_UNSET_UINT;
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
     conf->dry_run = NGX_CONF_UNSET;
 
@@ -471,6 +488,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               1024 * 1024);
     ngx_conf_merge_ptr_value(conf->hide_headers, prev->hide_headers, NULL);
     ngx_conf_merge_ptr_value(conf->pass_headers, prev->pass_headers, NULL);
+    ngx_conf_merge_uint_value(conf->metrics_zone, prev->metrics_zone, 0);
     ngx_conf_merge_uint_value(conf->on_redis_error, prev->on_redis_error,
                               NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT);
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
@@ -1172,6 +1190,10 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
     ngx_http_top_request_body_filter = ngx_http_idempotency_request_body_filter;
 
     if (ngx_http_idempotency_script_init() != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_idempotency_metrics_init(cf) != NGX_OK) {
         return NGX_ERROR;
     }
 

@@ -137,6 +137,8 @@ typedef struct {
 typedef struct {
     ngx_array_t                      servers;    /* redis_t * */
     ngx_http_idempotency_redis_t    *default_server;
+
+    void                            *metrics;    /* metrics.c */
 } ngx_http_idempotency_main_conf_t;
 
 
@@ -157,6 +159,7 @@ typedef struct {
     size_t                           store_max_size;
     ngx_array_t                     *hide_headers;   /* ngx_str_t */
     ngx_array_t                     *pass_headers;   /* ngx_str_t */
+    ngx_uint_t                       metrics_zone;   /* id, metrics.c */
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
     ngx_flag_t                       dry_run;
@@ -244,6 +247,11 @@ struct ngx_http_idempotency_op_s {
     unsigned                         store:1;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    /* metrics.c: when the claim was sent, where the store is counted */
+    uint64_t                         sent;
+    ngx_uint_t                       zone;
+    unsigned                         too_large:1;
 };
 
 
@@ -255,6 +263,7 @@ extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 
 
 /* module.c */
+extern ngx_str_t  ngx_http_idempotency_status_names[];   /* by status */
 ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
 ngx_uint_t ngx_http_idempotency_store_status_ok(
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status);
@@ -341,6 +350,27 @@ ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
 
 /* version.c */
 ngx_int_t ngx_http_idempotency_init_module(ngx_cycle_t *cycle);
+
+/* metrics.c */
+char *ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_idempotency_metrics_init(ngx_conf_t *cf);
+void ngx_http_idempotency_metrics_claim_sent(ngx_http_idempotency_op_t *op,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_metrics_claim_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
+void ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
+    u_char *value);
+void ngx_http_idempotency_metrics_store_failed(void);
+void ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+void ngx_http_idempotency_metrics_redis_up(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_metrics_redis_down(
+    ngx_http_idempotency_redis_t *redis);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;

@@ -389,6 +389,8 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                   "idempotency: connected to redis \"%V\"%s",
                   &redis->name, redis->was_up ? " again" : "");
 
+    ngx_http_idempotency_metrics_redis_up(redis);
+
     redis->up = 1;
     redis->was_up = 1;
     redis->failed = 0;
@@ -860,6 +862,7 @@ ngx_http_idempotency_cleanup(void *data)
         ngx_delete_posted_event(&redis->flush_ev);
     }
 
+    ngx_http_idempotency_metrics_redis_down(redis);
     ngx_http_idempotency_redis_schedule(redis);
 }
 

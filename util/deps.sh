@@ -6,6 +6,7 @@ set -euo pipefail
 
 pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libnginx-mod-http-echo libnginx-mod-http-perl curl wrk
+      prometheus    # promtool: t/017 checks the metrics and alert rules
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
       libipc-run-perl openssl
