@@ -239,7 +239,7 @@ Idempotency-Key: ct-3
         gzip_min_length 1;
         default_type "application/json; charset=utf-8";
         add_header X-Idem $idempotency_status always;
-        return 200 '{"status":"new","note":"long enough to be compressed"}';
+        echo -n '{"status":"new","note":"long enough to be compressed"}';
     }
 --- more_headers
 Idempotency-Key: ct-4
@@ -358,11 +358,17 @@ header "X-Split" has CR, LF or NUL, not stored
 
 
 === TEST 10: a Location with CR LF is dropped, not fatal
+--- main_config
+    load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;
 --- config
     location = /pay {
         idempotency on;
         add_header X-Idem $idempotency_status always;
-        return 302 "/next\r\nX-Injected: 1";
+        perl 'sub {
+            my $r = shift;
+            $r->header_out("Location", "/next\r\nX-Injected: 1");
+            return 302;
+        }';
     }
 --- more_headers
 Idempotency-Key: bad-2
@@ -388,7 +394,7 @@ header "Location" has CR, LF or NUL, not stored
         idempotency on;
         default_type "text/plain\r\nX-Injected: 2";
         add_header X-Idem $idempotency_status always;
-        return 200 "typed\n";
+        echo "typed";
     }
 --- more_headers
 Idempotency-Key: bad-3
