@@ -195,9 +195,11 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
     }
 
     if (!ngx_buf_in_memory(b)) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: response body is not in memory, "
-                      "not stored");
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: response body is not in memory, not "
+                      "stored: a retry runs the request again, key hash %*s",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      ngx_http_idempotency_key_hash(ctx));
         ctx->capturing = 0;
         ngx_http_idempotency_release(r, ctx);
         return NGX_ERROR;
@@ -213,9 +215,12 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
     if (cap->expected >= 0) {
 
         if ((size_t) (cap->end - cap->last) < n) {
-            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                           "idempotency: response body exceeds its "
-                          "Content-Length, not stored");
+                          "Content-Length, not stored: a retry runs the "
+                          "request again, key hash %*s",
+                          (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                          ngx_http_idempotency_key_hash(ctx));
             ctx->capturing = 0;
             ngx_http_idempotency_release(r, ctx);
             return NGX_ERROR;
@@ -368,6 +373,9 @@ void
 ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     size_t len, ngx_msec_t ttl, ngx_log_t *log)
 {
+    ngx_str_t  info;
+    u_char     buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
     if (ctx->finished) {
         return;
     }
@@ -375,9 +383,45 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     ctx->finished = 1;
     ctx->capturing = 0;
 
+    info.data = buf;
+    info.len = ngx_http_idempotency_request_info(ctx, buf) - buf;
+
     ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
     ngx_http_idempotency_finish_key(ctx->redis, &ctx->rkey, ctx->claim,
-                                    value, len, ttl, log);
+                                    value, len, ttl, &info, log);
+}
+
+
+/*
+ * What names the request in the log lines of its store or release, which
+ * may come after nginx has freed it: the client, the request line, and
+ * the key's hash (never the key).  buf holds INFO_LEN bytes.
+ */
+
+u_char *
+ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf)
+{
+    u_char              *last;
+    ngx_str_t           *line;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    line = &ctx->request_line;
+    last = buf + NGX_HTTP_IDEMPOTENCY_INFO_LEN;
+
+    buf = ngx_slprintf(buf, last, "key hash %*s, client: %V, request: \"",
+                       (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                       ngx_http_idempotency_key_hash(ctx),
+                       &r->connection->addr_text);
+
+    /* the line is cut to fit, and the closing quote always goes in */
+
+    buf = ngx_cpymem(buf, line->data,
+                     ngx_min(line->len, (size_t) (last - buf - 1)));
+    *buf++ = '"';
+
+    return buf;
 }
 
 
@@ -390,7 +434,7 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
 void
 ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
-    ngx_msec_t ttl, ngx_log_t *log)
+    ngx_msec_t ttl, ngx_str_t *info, ngx_log_t *log)
 {
     u_char                     ttl_buf[NGX_INT_T_LEN];
     size_t                     argvlen[7];
@@ -404,6 +448,14 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
 
     op->handler = ngx_http_idempotency_finish_done;
     op->store = value ? 1 : 0;
+    op->info_len = info ? info->len : 0;
+
+    if (info) {
+        ngx_memcpy(op->info, info->data, info->len);
+    }
+
+    op->rkey_len = rkey->len;
+    ngx_memcpy(op->rkey, rkey->data, rkey->len);
     ngx_http_idempotency_metrics_store_sent(op, value);
 
     argv[0] = "EVAL";
@@ -431,8 +483,8 @@ failed:
 
     ngx_log_error(NGX_LOG_ERR, log, 0,
                   "idempotency: cannot %s the record, redis unavailable; "
-                  "the key stays claimed until idempotency_lock_ttl",
-                  value ? "store" : "release");
+                  "the key stays claimed until idempotency_lock_ttl, %V",
+                  value ? "store" : "release", info ? info : rkey);
 }
 
 
@@ -441,32 +493,37 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_log_t  *log;
+    ngx_str_t   info;
 
     log = op->redis->log;
 
     ngx_http_idempotency_metrics_store_done(op, reply);
 
+    info.data = op->info_len ? op->info : op->rkey;
+    info.len = op->info_len ? op->info_len : op->rkey_len;
+
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" went away before the "
-                      "record was %s", &op->redis->name,
-                      op->store ? "stored" : "released");
+                      "record was %s, %V", &op->redis->name,
+                      op->store ? "stored" : "released", &info);
         return;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" refused to %s the record: "
-                      "%*s", &op->redis->name,
+                      "%*s, %V", &op->redis->name,
                       op->store ? "store" : "release",
-                      (size_t) reply->len, reply->str);
+                      (size_t) reply->len, reply->str, &info);
         return;
     }
 
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
-        ngx_log_error(NGX_LOG_WARN, log, 0,
+        ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: claim was lost before the record was "
-                      "%s (idempotency_lock_ttl expired?)",
-                      op->store ? "stored" : "released");
+                      "%s (idempotency_lock_ttl expired?), the request may "
+                      "have run twice, %V",
+                      op->store ? "stored" : "released", &info);
     }
 }

@@ -344,6 +344,7 @@ ngx_http_idempotency_create_ctx(ngx_http_request_t *r,
     cln->data = ctx;
 
     ctx->request = r;
+    ctx->request_line = r->request_line;
     ctx->conf = conf;
     ctx->redis = conf->redis;
     ctx->timeout.handler = ngx_http_idempotency_timeout_handler;
@@ -636,7 +637,7 @@ ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
 
     ngx_http_idempotency_metrics_attribute(op->zone);
     ngx_http_idempotency_finish_key(op->redis, &rkey, op->claim, NULL, 0, 0,
-                                    op->redis->log);
+                                    NULL, op->redis->log);
 }
 
 
@@ -828,8 +829,10 @@ ngx_http_idempotency_cleanup(void *data)
 {
     ngx_http_idempotency_ctx_t *ctx = data;
 
+    ngx_str_t             info;
     ngx_http_request_t   *r;
     ngx_http_upstream_t  *u;
+    u_char                buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     r = ctx->request;
 
@@ -855,10 +858,13 @@ ngx_http_idempotency_cleanup(void *data)
     if ((r->connection->error || r->connection->timedout)
         && u && u->request_sent)
     {
+        info.data = buf;
+        info.len = ngx_http_idempotency_request_info(ctx, buf) - buf;
+
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the request ended before its response "
                       "was stored, after it was sent upstream; the key "
-                      "stays claimed until idempotency_lock_ttl");
+                      "stays claimed until idempotency_lock_ttl, %V", &info);
         ctx->finished = 1;
         return;
     }

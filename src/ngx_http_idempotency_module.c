@@ -380,7 +380,7 @@ ngx_http_idempotency_key_hash_variable(ngx_http_request_t *r,
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
-    v->data = rkey->data + rkey->len - len - 1;
+    v->data = ngx_http_idempotency_key_hash(ctx);
 
     return NGX_OK;
 }

@@ -23,6 +23,9 @@
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
 #define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
 
+/* "client: …, request: "…"" in the log lines of a store or release */
+#define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
+
 /* prefix + "{" + 64 hex digits + "}" */
 #define NGX_HTTP_IDEMPOTENCY_RKEY_MAX                                         \
     (NGX_HTTP_IDEMPOTENCY_PREFIX_MAX + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
@@ -211,6 +214,7 @@ struct ngx_http_idempotency_ctx_s {
 
     EVP_MD_CTX                      *md;
     ngx_str_t                        rkey;
+    ngx_str_t                        request_line;   /* for logs */
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
     ngx_event_t                      timeout;
@@ -247,6 +251,8 @@ struct ngx_http_idempotency_op_s {
     unsigned                         store:1;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    size_t                           info_len;
+    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     /* metrics.c: when the claim was sent, where the store is counted */
     uint64_t                         sent;
@@ -324,7 +330,14 @@ void ngx_http_idempotency_release(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
-    ngx_msec_t ttl, ngx_log_t *log);
+    ngx_msec_t ttl, ngx_str_t *info, ngx_log_t *log);
+u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf);
+
+/* the 64 hex digits between the braces of the record key */
+#define ngx_http_idempotency_key_hash(ctx)                                    \
+    ((ctx)->rkey.data + (ctx)->rkey.len - 1                                   \
+     - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
 
 /* redis.c */
 ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,

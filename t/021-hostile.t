@@ -156,6 +156,9 @@ for my $path ('/big', '/unbuffered/big') {
     my $r = http_post($edge_port, $key, 'x', '/sleepy');
     is($r->{status}, 409, "the key stays claimed after the shutdown");
     is(executions('/sleepy'), 1, "the upstream ran once");
+    my ($line) = grep { /stays claimed/ } lines_of("$edge/logs/error.log");
+    like($line // '', qr/\[error\].*stays claimed until idempotency_lock_ttl, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, request: "POST \/sleepy HTTP\/1\.1"/,
+         "the kept claim is logged at error, with the key hash and request");
 }
 
 # HTTP/2: a body over the limit, sent after reading went asynchronous
