@@ -129,5 +129,6 @@ GET /fanout
 --- error_log
 claim was lost before the record was stored
 --- no_error_log
-[error]
+[crit]
+[alert]
 --- timeout: 8
