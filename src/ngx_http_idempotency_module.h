@@ -33,6 +33,7 @@
 #define NGX_HTTP_IDEMPOTENCY_REC_CLAIM      1
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE       2
 #define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
+#define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
 
 
 /* $idempotency_status values */
@@ -167,6 +168,8 @@ typedef struct {
     u_char                          *headers_end;
     u_char                          *body;
     size_t                           body_len;
+    ngx_uint_t                       ntrailers;
+    u_char                          *trailers;   /* up to the record's end */
 } ngx_http_idempotency_record_t;
 
 
@@ -293,6 +296,10 @@ u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
     ngx_str_t *value);
 void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
     ngx_uint_t status);
+size_t ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
 
 /* filter.c */
 ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);

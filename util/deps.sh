@@ -8,7 +8,7 @@ pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libnginx-mod-http-echo curl wrk
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
-      libipc-run-perl openssl "$@")
+      libipc-run-perl openssl python3-grpcio "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do
