@@ -6,15 +6,18 @@
  *
  * Checked on every input:
  *   - the result is NGX_OK or NGX_ERROR;
- *   - on NGX_OK: state is claim, done or too-large; fingerprint and token
- *     point into the head; a claim is exactly the head, a too-large record
- *     the head and a status; for a done record 200 <= status <= 599,
- *     headers <= headers_end <= body, body + body_len == data + len;
+ *   - on NGX_OK: state is claim, done, done with trailers or too-large;
+ *     fingerprint and token point into the head; a claim is exactly the
+ *     head, a too-large record the head and a status; for a done record
+ *     200 <= status <= 599, headers <= headers_end <= body,
+ *     body + body_len == data + len, no trailers; with trailers, at least
+ *     one, and they start 4 bytes after the body;
  *   - walking rec->nheaders headers with
  *     ngx_http_idempotency_record_next_header(), as the replay does
  *     (reply.c), stays within [rec->headers, rec->headers_end) -- hence
  *     within [data, data + len) -- never yields an empty name nor a CR, LF
- *     or NUL, and ends exactly at rec->headers_end;
+ *     or NUL, and ends exactly at rec->headers_end; the same for the
+ *     rec->ntrailers trailers, which end exactly at data + len;
  *   - the record is canonical: encoding the decoded fields again gives back
  *     the input byte for byte (the format has no slack, so a decoder that
  *     accepts something else has skipped or misread part of it).
@@ -109,13 +112,78 @@ in_range(const u_char *p, size_t n, const u_char *start, const u_char *end)
 }
 
 
+/* the walk the replay does (reply.c) over n fields in [start, end) */
+
+static void
+walk(const char *what, u_char *start, u_char *end, size_t n, u_char *buf,
+    u_char *last)
+{
+    u_char     *p;
+    size_t      i;
+    ngx_str_t   name, value;
+
+    p = start;
+
+    for (i = 0; i < n; i++) {
+        /* a field is at least two 4-byte lengths */
+        fuzz_assert(end - p >= 8,
+                    "%s walk runs past its end: the count is %zu but the "
+                    "region (%td bytes) ends after %zu", what, n,
+                    end - start, i);
+
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        fuzz_assert(in_range(name.data, name.len, start, end)
+                    && in_range(name.data, name.len, buf, last),
+                    "%s %zu: name outside the region", what, i);
+        fuzz_assert(in_range(value.data, value.len, start, end)
+                    && in_range(value.data, value.len, buf, last),
+                    "%s %zu: value outside the region", what, i);
+        fuzz_assert(p <= end, "%s %zu ends past the region", what, i);
+        fuzz_assert(name.len > 0, "%s %zu: empty name", what, i);
+        fuzz_assert(memchr(name.data, '\r', name.len) == NULL
+                    && memchr(name.data, '\n', name.len) == NULL
+                    && memchr(name.data, '\0', name.len) == NULL
+                    && memchr(value.data, '\r', value.len) == NULL
+                    && memchr(value.data, '\n', value.len) == NULL
+                    && memchr(value.data, '\0', value.len) == NULL,
+                    "%s %zu: CR, LF or NUL", what, i);
+    }
+
+    fuzz_assert(p == end, "the walk of %zu %ss ends %td bytes before its end",
+                n, what, end - p);
+}
+
+
+/* encodes n fields again */
+
+static u_char *
+encode(u_char *e, u_char *p, size_t n)
+{
+    size_t      i;
+    ngx_str_t   name, value;
+
+    e = put32(e, n);
+
+    for (i = 0; i < n; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+        e = put32(e, name.len);
+        memcpy(e, name.data, name.len);
+        e += name.len;
+        e = put32(e, value.len);
+        memcpy(e, value.data, value.len);
+        e += value.len;
+    }
+
+    return e;
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    u_char                         *buf, *last, *p, *enc, *e;
-    size_t                          i;
+    u_char                         *buf, *last, *enc, *e;
     ngx_int_t                       rc;
-    ngx_str_t                       name, value;
     ngx_http_idempotency_record_t   rec;
 
     /* exactly size bytes: ASan flags any access past the record */
@@ -164,6 +232,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
 
     case NGX_HTTP_IDEMPOTENCY_REC_DONE:
+    case NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS:
         break;
 
     default:
@@ -178,46 +247,28 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 "headers_end outside the record");
     fuzz_assert(rec.body == rec.headers_end + 8, "body misplaced");
     fuzz_assert(rec.body >= buf && rec.body <= last
-                && rec.body + rec.body_len == last,
-                "body + body_len != data + len (body at +%td, %zu bytes, "
+                && rec.body_len <= (size_t) (last - rec.body),
+                "body outside the record (body at +%td, %zu bytes, "
                 "record of %zu)", rec.body - buf, rec.body_len, size);
 
-    /* the walk the replay does (reply.c) */
+    if (rec.state == NGX_HTTP_IDEMPOTENCY_REC_DONE) {
+        fuzz_assert(rec.body + rec.body_len == last,
+                    "body + body_len != data + len (body at +%td, %zu bytes, "
+                    "record of %zu)", rec.body - buf, rec.body_len, size);
+        fuzz_assert(rec.ntrailers == 0, "%lu trailers without the state",
+                    (unsigned long) rec.ntrailers);
 
-    p = rec.headers;
-
-    for (i = 0; i < rec.nheaders; i++) {
-        /* a header is at least two 4-byte lengths */
-        fuzz_assert(rec.headers_end - p >= 8,
-                    "walk runs past headers_end: rec->nheaders is %lu but "
-                    "the header region (%td bytes) ends after %zu headers",
-                    (unsigned long) rec.nheaders,
-                    rec.headers_end - rec.headers, i);
-
-        p = ngx_http_idempotency_record_next_header(p, &name, &value);
-
-        fuzz_assert(in_range(name.data, name.len, rec.headers, rec.headers_end)
-                    && in_range(name.data, name.len, buf, last),
-                    "header %zu: name outside the header region", i);
-        fuzz_assert(in_range(value.data, value.len, rec.headers,
-                             rec.headers_end)
-                    && in_range(value.data, value.len, buf, last),
-                    "header %zu: value outside the header region", i);
-        fuzz_assert(p <= rec.headers_end,
-                    "header %zu ends past headers_end", i);
-        fuzz_assert(name.len > 0, "header %zu: empty name", i);
-        fuzz_assert(memchr(name.data, '\r', name.len) == NULL
-                    && memchr(name.data, '\n', name.len) == NULL
-                    && memchr(name.data, '\0', name.len) == NULL
-                    && memchr(value.data, '\r', value.len) == NULL
-                    && memchr(value.data, '\n', value.len) == NULL
-                    && memchr(value.data, '\0', value.len) == NULL,
-                    "header %zu: CR, LF or NUL", i);
+    } else {
+        fuzz_assert(rec.ntrailers > 0, "the trailer state without trailers");
+        fuzz_assert(rec.trailers == rec.body + rec.body_len + 4,
+                    "trailers misplaced");
     }
 
-    fuzz_assert(p == rec.headers_end,
-                "the walk of %lu headers ends %td bytes before headers_end",
-                (unsigned long) rec.nheaders, rec.headers_end - p);
+    walk("header", rec.headers, rec.headers_end, rec.nheaders, buf, last);
+
+    if (rec.ntrailers) {
+        walk("trailer", rec.trailers, last, rec.ntrailers, buf, last);
+    }
 
     /* encode the decoded fields again: must give back the input */
 
@@ -236,24 +287,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     e += NGX_HTTP_IDEMPOTENCY_TOKEN_LEN;
     *e++ = (u_char) (rec.status >> 8);
     *e++ = (u_char) rec.status;
-    e = put32(e, rec.nheaders);
-
-    p = rec.headers;
-
-    for (i = 0; i < rec.nheaders; i++) {
-        p = ngx_http_idempotency_record_next_header(p, &name, &value);
-        e = put32(e, name.len);
-        memcpy(e, name.data, name.len);
-        e += name.len;
-        e = put32(e, value.len);
-        memcpy(e, value.data, value.len);
-        e += value.len;
-    }
-
+    e = encode(e, rec.headers, rec.nheaders);
     e = put32(e, (uint64_t) rec.body_len >> 32);
     e = put32(e, rec.body_len);
     memcpy(e, rec.body, rec.body_len);
     e += rec.body_len;
+
+    if (rec.ntrailers) {
+        e = encode(e, rec.trailers, rec.ntrailers);
+    }
 
     fuzz_assert(e == enc + size && memcmp(enc, buf, size) == 0,
                 "re-encoding the decoded record differs from the input");

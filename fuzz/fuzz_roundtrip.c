@@ -11,7 +11,8 @@
  *               length (chunks), 2 header-only response (HEAD, 204),
  *               bit 4: the type and charset split as the upstream module
  *               does (else the whole value is the type, as default_type),
- *               bit 5: the first header is r->headers_out.location
+ *               bit 5: the first header is r->headers_out.location,
+ *               bits 6-7: how many of the last pairs are trailers
  *   bytes 1-2   status, 200 + n % 400
  *   bytes 3-4   idempotency_store_max_size
  *   the rest    fields split on LF: [Content-Type] [status line]
@@ -27,7 +28,13 @@
  * input) is not stored, with one warning each; the rest must decode.  The
  * stored Content-Type, split again as the replay does, gives back the type
  * length and charset the filters saw, or is ":content-type", the whole
- * value being the type.
+ * value being the type.  Then, unless the response is header-only, the
+ * trailers are appended as filter.c does at the last buffer: their section
+ * is sized exactly (0 when none is kept), a record it would take past
+ * store_max_size is left alone (filter.c stores "too large"), and the
+ * record decodes as "done with trailers" to the same status, headers and
+ * body and to the trailers kept by the same rules (CR or NUL dropped), in
+ * order.
  */
 
 
@@ -191,6 +198,58 @@ stored(ngx_table_elt_t *h)
 }
 
 
+/* a list in parts of PART_NALLOC, as ngx_list_push makes them */
+
+static void
+build_list(ngx_list_t *list, ngx_table_elt_t *elts, ngx_list_part_t *parts,
+    ngx_uint_t n)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+
+    list->part.elts = elts;
+    list->part.nelts = ngx_min(n, PART_NALLOC);
+    list->part.next = NULL;
+    list->size = sizeof(ngx_table_elt_t);
+    list->nalloc = PART_NALLOC;
+    list->pool = fake_pool;
+    part = &list->part;
+
+    for (i = PART_NALLOC; i < n; i += PART_NALLOC) {
+        parts[i].elts = &elts[i];
+        parts[i].nelts = ngx_min(n - i, PART_NALLOC);
+        parts[i].next = NULL;
+        part->next = &parts[i];
+        part = &parts[i];
+    }
+
+    list->last = part;
+}
+
+
+/* the n fields at p are the expected ones, in order; returns their end */
+
+static u_char *
+same_fields(const char *what, u_char *p, size_t n, ngx_str_t *exp_name,
+    ngx_str_t *exp_value)
+{
+    size_t      i;
+    ngx_str_t   name, value;
+
+    for (i = 0; i < n; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        fuzz_assert(name.len == exp_name[i].len
+                    && memcmp(name.data, exp_name[i].data, name.len) == 0
+                    && value.len == exp_value[i].len
+                    && memcmp(value.data, exp_value[i].data, value.len) == 0,
+                    "%s %zu differs", what, i);
+    }
+
+    return p;
+}
+
+
 static int
 bad_bytes(ngx_str_t *s)
 {
@@ -206,11 +265,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     u_char                           *copy, *p, *last, *rec_data, *q;
     u_char                            head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                            i, nfields, head_size, rec_len, nexp;
+    size_t                            ntexp, tsize, hoff, boff;
     ngx_int_t                         rc;
-    ngx_uint_t                        flags, mode, nh;
-    ngx_str_t                         fields[MAX_FIELDS], body, name, value;
+    ngx_uint_t                        flags, mode, nh, nt;
+    ngx_str_t                         fields[MAX_FIELDS], body;
     ngx_str_t                         exp_name[MAX_FIELDS], exp_value[MAX_FIELDS];
-    ngx_list_part_t                  *part, parts[MAX_FIELDS];
+    ngx_list_part_t                   parts[MAX_FIELDS], tparts[MAX_FIELDS];
     ngx_table_elt_t                  *h, elts[MAX_FIELDS];
     ngx_http_request_t               *r;
     ngx_http_idempotency_record_t     rec;
@@ -318,25 +378,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         nh++;
     }
 
-    /* the headers list, in parts of PART_NALLOC as ngx_list_push makes them */
+    /* the last pairs are trailers, as many as byte 0 says */
 
-    r->headers_out.headers.part.elts = elts;
-    r->headers_out.headers.part.nelts = ngx_min(nh, PART_NALLOC);
-    r->headers_out.headers.part.next = NULL;
-    r->headers_out.headers.size = sizeof(ngx_table_elt_t);
-    r->headers_out.headers.nalloc = PART_NALLOC;
-    r->headers_out.headers.pool = fake_pool;
-    part = &r->headers_out.headers.part;
+    nt = ngx_min(flags >> 6, nh);
+    nh -= nt;
 
-    for (i = PART_NALLOC; i < nh; i += PART_NALLOC) {
-        parts[i].elts = &elts[i];
-        parts[i].nelts = ngx_min(nh - i, PART_NALLOC);
-        parts[i].next = NULL;
-        part->next = &parts[i];
-        part = &parts[i];
-    }
-
-    r->headers_out.headers.last = part;
+    build_list(&r->headers_out.headers, elts, parts, nh);
+    build_list(&r->headers_out.trailers, &elts[nh], tparts, nt);
 
     if ((flags & 0x20) && nh) {
         r->headers_out.location = &elts[0];
@@ -512,17 +560,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_assert(rec.nheaders == nexp, "%lu headers, expected %zu",
                 (unsigned long) rec.nheaders, nexp);
 
-    p = rec.headers;
-
-    for (i = 0; i < nexp; i++) {
-        p = ngx_http_idempotency_record_next_header(p, &name, &value);
-
-        fuzz_assert(name.len == exp_name[i].len
-                    && memcmp(name.data, exp_name[i].data, name.len) == 0
-                    && value.len == exp_value[i].len
-                    && memcmp(value.data, exp_value[i].data, value.len) == 0,
-                    "header %zu differs", i);
-    }
+    p = same_fields("header", rec.headers, nexp, exp_name, exp_value);
 
     fuzz_assert(p == rec.headers_end, "headers end misplaced");
     fuzz_assert(rec.body_len == body.len
@@ -530,6 +568,68 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     || memcmp(rec.body, body.data, body.len) == 0),
                 "body differs (%zu bytes, expected %zu)", rec.body_len,
                 body.len);
+
+    hoff = rec.headers - rec_data;
+    boff = rec.body - rec_data;
+
+    if (mode == 2) {
+        /* header-only: stored by the header filter, no trailers follow */
+        goto done;
+    }
+
+    /* the trailers, as ngx_http_idempotency_store() appends them */
+
+    ntexp = 0;
+    tsize = 4;
+
+    for (i = nh; i < nh + nt; i++) {
+        if (stored(&elts[i])
+            && !bad_bytes(&elts[i].key) && !bad_bytes(&elts[i].value))
+        {
+            exp_name[ntexp] = elts[i].key;
+            exp_value[ntexp] = elts[i].value;
+            tsize += 8 + elts[i].key.len + elts[i].value.len;
+            ntexp++;
+        }
+    }
+
+    if (ntexp == 0) {
+        tsize = 0;
+    }
+
+    fuzz_assert(ngx_http_idempotency_record_trailers_size(r, &conf) == tsize,
+                "trailer section of %zu bytes, expected %zu",
+                ngx_http_idempotency_record_trailers_size(r, &conf), tsize);
+
+    /* (filter.c never captures a body past store_max_size) */
+    if (tsize == 0 || rec_len > conf.store_max_size
+        || tsize > conf.store_max_size - rec_len)
+    {
+        goto done;
+    }
+
+    q = ngx_pnalloc(fake_pool, rec_len + tsize);
+    ngx_memcpy(q, rec_data, rec_len);
+    ngx_http_idempotency_record_add_trailers(r, &conf, q, q + rec_len);
+
+    rc = ngx_http_idempotency_record_decode(q, rec_len + tsize, &rec);
+
+    fuzz_assert(rc == NGX_OK, "a record of %zu bytes with trailers does not "
+                "decode", rec_len + tsize);
+    fuzz_assert(rec.state == NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS,
+                "state %lu", (unsigned long) rec.state);
+    fuzz_assert(rec.status == r->headers_out.status
+                && rec.nheaders == nexp
+                && rec.headers == q + hoff
+                && rec.body_len == body.len
+                && rec.body == q + boff,
+                "status, headers or body moved by the trailers");
+    fuzz_assert(rec.ntrailers == ntexp, "%lu trailers, expected %zu",
+                (unsigned long) rec.ntrailers, ntexp);
+
+    p = same_fields("trailer", rec.trailers, ntexp, exp_name, exp_value);
+
+    fuzz_assert(p == q + rec_len + tsize, "trailers end misplaced");
 
 done:
 

@@ -48,7 +48,15 @@ head 1 > "$r/seed-claim"
     pack("NN", 0, 2), "no"'; } > "$r/seed-done-status-line"
 { head 2; perl -e 'print pack("nN", 204, 1), pack("N/a*N", "X-Empty", 0),
     pack("NN", 0, 0)'; } > "$r/seed-done-empty-value"
-head 4 > "$r/seed-bad-state"
+{ head 4; perl -e 'print pack("nN", 200, 1),
+    pack("N/a*N/a*", "Content-Type", "application/grpc"),
+    pack("NN", 0, 7), "\0\0\0\0\2ok", pack("N", 2),
+    pack("N/a*N/a*", "grpc-status", "10"),
+    pack("N/a*N/a*", "grpc-message", "aborted")'; } > "$r/seed-done-trailers"
+{ head 4; perl -e 'print pack("nN", 200, 0), pack("NN", 0, 0),
+    pack("N", 0)'; } > "$r/seed-done-no-trailers"
+head 4 > "$r/seed-trailers-head-only"
+head 5 > "$r/seed-bad-state"
 { head 1; printf 'x'; } > "$r/seed-claim-trailing"
 
 # --- round trip: flags | status(2) | store_max_size(2) | fields on LF ------
@@ -58,6 +66,11 @@ rt 3 0     4096 'application/json' '200 OK' 'Location' '/v1/x' 'X-Id' '7' \
 rt 5 1     4096 'text/plain' 'Set-Cookie' 'a=b' 'Connection' 'close' \
     'Proxy-Foo' '1' 'ETag' '"x"' 'chunked body'           > "$t/seed-unknown"
 rt 8 4     4096 'X-A' '1' 'body of a HEAD'                > "$t/seed-header-only"
+rt 37 0    4096 'application/grpc' 'grpc-encoding' 'identity' \
+    'grpc-status' '0' 'X-Trailer' 'charge-1' 'ok' \
+                                                          > "$t/seed-trailers"
+rt 36 0    4096 'X-A' '1' 'Set-Cookie' 'c=d' 'body' \
+                                                          > "$t/seed-trailer-hidden"
 rt 1 0     60   'text/plain' 'too large'                  > "$t/seed-declined"
 rt 0 222   4096 "$(printf '\x7fdeleted')" 'v' 'Date' 'x' 'CONTENT-LENGTH' '9' \
     'x-hide-me' 'y' 'te' 'z' ''                           > "$t/seed-skipped"

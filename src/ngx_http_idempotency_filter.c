@@ -287,12 +287,15 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
     u_char                          *p, *value;
-    size_t                           head, len;
+    size_t                           head, len, tlen;
     ngx_chain_t                     *cl;
     ngx_http_idempotency_capture_t  *cap;
 
     cap = &ctx->capture;
     ctx->capturing = 0;
+
+    /* the upstream's trailers (grpc_pass) are in place with the last buf */
+    tlen = ngx_http_idempotency_record_trailers_size(r, ctx->conf);
 
     if (cap->expected >= 0) {
 
@@ -305,31 +308,53 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
             return;
         }
 
-        ngx_http_idempotency_finish(ctx, cap->start, cap->end - cap->start,
-                                    ctx->conf->ttl, r->connection->log);
+        if (tlen == 0) {
+            ngx_http_idempotency_finish(ctx, cap->start,
+                                        cap->end - cap->start,
+                                        ctx->conf->ttl, r->connection->log);
+            return;
+        }
+
+        len = cap->end - cap->start;
+
+    } else {
+        len = (cap->last - cap->start) + cap->body_len;
+    }
+
+    if (tlen > ctx->conf->store_max_size - len) {
+        ngx_http_idempotency_too_large(r, ctx);
         return;
     }
 
-    /* unknown length: header part, then the chunks */
-
-    head = cap->last - cap->start;
-    len = head + cap->body_len;
-
-    value = ngx_pnalloc(r->pool, len);
+    value = ngx_pnalloc(r->pool, len + tlen);
     if (value == NULL) {
         ngx_http_idempotency_release(r, ctx);
         return;
     }
 
-    p = ngx_cpymem(value, cap->start, head);
+    if (cap->expected >= 0) {
+        /* the record was sized for the body only: it grows once, here */
+        ngx_memcpy(value, cap->start, len);
 
-    for (cl = cap->chunks; cl; cl = cl->next) {
-        p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
+    } else {
+        /* unknown length: header part, then the chunks */
+
+        head = cap->last - cap->start;
+        p = ngx_cpymem(value, cap->start, head);
+
+        for (cl = cap->chunks; cl; cl = cl->next) {
+            p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
+        }
+
+        ngx_http_idempotency_record_set_body_len(cap, value + head);
     }
 
-    ngx_http_idempotency_record_set_body_len(cap, value + head);
+    if (tlen) {
+        ngx_http_idempotency_record_add_trailers(r, ctx->conf, value,
+                                                 value + len);
+    }
 
-    ngx_http_idempotency_finish(ctx, value, len, ctx->conf->ttl,
+    ngx_http_idempotency_finish(ctx, value, len + tlen, ctx->conf->ttl,
                                 r->connection->log);
 }
 

@@ -616,6 +616,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     switch (rec->state) {
 
     case NGX_HTTP_IDEMPOTENCY_REC_DONE:
+    case NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS:
         return NGX_HTTP_IDEMPOTENCY_GO_REPLAY;
 
     case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:

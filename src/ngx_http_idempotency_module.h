@@ -38,6 +38,7 @@
 #define NGX_HTTP_IDEMPOTENCY_REC_CLAIM      1
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE       2
 #define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
+#define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
 
 
 /* $idempotency_status values */
@@ -185,6 +186,8 @@ typedef struct {
     u_char                          *headers_end;
     u_char                          *body;
     size_t                           body_len;
+    ngx_uint_t                       ntrailers;
+    u_char                          *trailers;   /* up to the record's end */
 } ngx_http_idempotency_record_t;
 
 
@@ -319,6 +322,10 @@ void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
     ngx_uint_t status);
 void ngx_http_idempotency_content_type(ngx_str_t *value, size_t *type_len,
     ngx_str_t *charset);
+size_t ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
 
 /* filter.c */
 ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);

@@ -9,6 +9,9 @@
  *   too large:  u16 status
  *   done:       u16 status | u32 n | n * (u32 len, name, u32 len, value)
  *               | u64 body length | body
+ *   done with trailers: as done, then u32 t | t * (u32 len, name, u32 len,
+ *               value), t >= 1 (a response without trailers is "done", so
+ *               records of versions that knew no trailers still decode)
  *
  * Decoding trusts nothing: a record that does not parse exactly is an error.
  */
@@ -29,6 +32,11 @@ static u_char *ngx_http_idempotency_put16(u_char *p, ngx_uint_t v);
 static u_char *ngx_http_idempotency_put32(u_char *p, uint32_t v);
 static u_char *ngx_http_idempotency_put64(u_char *p, uint64_t v);
 static ngx_uint_t ngx_http_idempotency_skip_header(ngx_str_t *lowcase);
+static u_char *ngx_http_idempotency_record_fields(u_char *p, u_char *last,
+    uint32_t n);
+static u_char *ngx_http_idempotency_record_list(ngx_http_request_t *r,
+    ngx_list_t *list, ngx_http_idempotency_loc_conf_t *conf, u_char *p,
+    size_t *size, uint32_t *n);
 static ngx_int_t ngx_http_idempotency_record_content_type(
     ngx_http_request_t *r, ngx_str_t *name, ngx_str_t *value);
 static ngx_uint_t ngx_http_idempotency_unsafe(ngx_str_t *s);
@@ -54,10 +62,9 @@ ngx_int_t
 ngx_http_idempotency_record_decode(u_char *data, size_t len,
     ngx_http_idempotency_record_t *rec)
 {
-    u_char      *p, *last;
-    uint32_t     n, l;
-    uint64_t     body_len;
-    ngx_uint_t   i;
+    u_char    *p, *last;
+    uint32_t   n;
+    uint64_t   body_len;
 
     p = data;
     last = data + len;
@@ -91,6 +98,7 @@ ngx_http_idempotency_record_decode(u_char *data, size_t len,
         return NGX_OK;
 
     case NGX_HTTP_IDEMPOTENCY_REC_DONE:
+    case NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS:
         break;
 
     default:
@@ -111,34 +119,12 @@ ngx_http_idempotency_record_decode(u_char *data, size_t len,
     n = ngx_http_idempotency_get32(p);
     p += 4;
 
-    /* every header takes at least 8 bytes: bound n before looping on it */
-    if (n > (size_t) (last - p) / 8) {
-        return NGX_ERROR;
-    }
-
     rec->nheaders = n;
     rec->headers = p;
 
-    for (i = 0; i < (ngx_uint_t) n * 2; i++) {
-        if (last - p < 4) {
-            return NGX_ERROR;
-        }
-
-        l = ngx_http_idempotency_get32(p);
-        p += 4;
-
-        if ((size_t) (last - p) < l || (i % 2 == 0 && l == 0)) {
-            return NGX_ERROR;
-        }
-
-        /* names and values go into a response: no CR, LF or NUL */
-        if (ngx_strlchr(p, p + l, CR) || ngx_strlchr(p, p + l, LF)
-            || ngx_strlchr(p, p + l, '\0'))
-        {
-            return NGX_ERROR;
-        }
-
-        p += l;
+    p = ngx_http_idempotency_record_fields(p, last, n);
+    if (p == NULL) {
+        return NGX_ERROR;
     }
 
     rec->headers_end = p;
@@ -151,14 +137,80 @@ ngx_http_idempotency_record_decode(u_char *data, size_t len,
                | ngx_http_idempotency_get32(p + 4);
     p += 8;
 
-    if (body_len != (uint64_t) (last - p)) {
+    rec->body = p;
+
+    if (rec->state == NGX_HTTP_IDEMPOTENCY_REC_DONE) {
+
+        if (body_len != (uint64_t) (last - p)) {
+            return NGX_ERROR;
+        }
+
+        rec->body_len = body_len;
+
+        return NGX_OK;
+    }
+
+    /* the trailers follow the body: at least one */
+
+    if (last - p < 4 || body_len > (uint64_t) (last - p - 4)) {
         return NGX_ERROR;
     }
 
-    rec->body = p;
     rec->body_len = body_len;
+    p += body_len;
 
-    return NGX_OK;
+    n = ngx_http_idempotency_get32(p);
+    p += 4;
+
+    if (n == 0) {
+        return NGX_ERROR;
+    }
+
+    rec->ntrailers = n;
+    rec->trailers = p;
+
+    p = ngx_http_idempotency_record_fields(p, last, n);
+
+    return p == last ? NGX_OK : NGX_ERROR;
+}
+
+
+/* validates n (name, value) pairs; returns their end, or NULL */
+
+static u_char *
+ngx_http_idempotency_record_fields(u_char *p, u_char *last, uint32_t n)
+{
+    uint32_t    l;
+    ngx_uint_t  i;
+
+    /* every field takes at least 8 bytes: bound n before looping on it */
+    if (n > (size_t) (last - p) / 8) {
+        return NULL;
+    }
+
+    for (i = 0; i < (ngx_uint_t) n * 2; i++) {
+        if (last - p < 4) {
+            return NULL;
+        }
+
+        l = ngx_http_idempotency_get32(p);
+        p += 4;
+
+        if ((size_t) (last - p) < l || (i % 2 == 0 && l == 0)) {
+            return NULL;
+        }
+
+        /* names and values go into a response: no CR, LF or NUL */
+        if (ngx_strlchr(p, p + l, CR) || ngx_strlchr(p, p + l, LF)
+            || ngx_strlchr(p, p + l, '\0'))
+        {
+            return NULL;
+        }
+
+        p += l;
+    }
+
+    return p;
 }
 
 
@@ -192,13 +244,11 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
     u_char *head)
 {
-    u_char           *p, *count, buf[256];
-    size_t            size, head_size;
-    uint32_t          n;
-    ngx_str_t         low, ct_name, ct, status_line;
-    ngx_uint_t        i, pass;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    u_char      *p, *count;
+    size_t       size, head_size;
+    uint32_t     n;
+    ngx_str_t    ct_name, ct, status_line;
+    ngx_uint_t   pass;
 
     size = NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 + 4 + 8;
 
@@ -281,92 +331,8 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
             n = 0;
         }
 
-        part = &r->headers_out.headers.part;
-        h = part->elts;
-
-        for (i = 0; /* void */ ; i++) {
-
-            if (i >= part->nelts) {
-                if (part->next == NULL) {
-                    break;
-                }
-
-                part = part->next;
-                h = part->elts;
-                i = 0;
-            }
-
-            if (h[i].hash == 0 || h[i].key.len == 0) {
-                continue;
-            }
-
-            /* absurdly long names are dropped, not checked half-way */
-
-            low.len = h[i].key.len;
-
-            if (low.len > sizeof(buf)) {
-                continue;
-            }
-
-            low.data = buf;
-            ngx_strlow(buf, h[i].key.data, low.len);
-
-            if (ngx_http_idempotency_skip_header(&low)
-                || !ngx_http_idempotency_store_header(conf, &low))
-            {
-                continue;
-            }
-
-            /* the decoder refuses these bytes: drop the header only */
-
-            if (ngx_http_idempotency_unsafe(&h[i].key)
-                || ngx_http_idempotency_unsafe(&h[i].value))
-            {
-                if (pass == 0) {
-                    low = h[i].key;
-
-                    if (ngx_http_idempotency_unsafe(&low)) {
-                        ngx_str_set(&low, "?");
-                    }
-
-                    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                                  "idempotency: header \"%V\" has CR, LF "
-                                  "or NUL, not stored", &low);
-                }
-
-                continue;
-            }
-
-            /*
-             * nginx's own Location (r->headers_out.location), which the
-             * header filter may make absolute: a marker says so to the replay
-             */
-
-            if (&h[i] == r->headers_out.location) {
-
-                if (pass == 0) {
-                    size += 8 + sizeof(":location") - 1;
-
-                } else {
-                    p = ngx_http_idempotency_put32(p,
-                                                   sizeof(":location") - 1);
-                    p = ngx_cpymem(p, ":location", sizeof(":location") - 1);
-                    p = ngx_http_idempotency_put32(p, 0);
-                    n++;
-                }
-            }
-
-            if (pass == 0) {
-                size += 8 + h[i].key.len + h[i].value.len;
-                continue;
-            }
-
-            p = ngx_http_idempotency_put32(p, h[i].key.len);
-            p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
-            p = ngx_http_idempotency_put32(p, h[i].value.len);
-            p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
-            n++;
-        }
+        p = ngx_http_idempotency_record_list(r, &r->headers_out.headers,
+                                             conf, p, &size, &n);
     }
 
     ngx_http_idempotency_put32(count, n);
@@ -390,6 +356,154 @@ ngx_http_idempotency_record_set_body_len(ngx_http_idempotency_capture_t *cap,
     u_char *body)
 {
     ngx_http_idempotency_put64(body - 8, cap->body_len);
+}
+
+
+/*
+ * The size of the trailer section for the trailers the owner's response
+ * ended with (grpc_pass), kept by the rules for headers; 0 if none is kept.
+ */
+
+size_t
+ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    size_t    size;
+    uint32_t  n;
+
+    size = 4;
+    n = 0;
+
+    (void) ngx_http_idempotency_record_list(r, &r->headers_out.trailers,
+                                            conf, NULL, &size, &n);
+
+    return n ? size : 0;
+}
+
+
+/* appends that section at p, the end of the done record that starts at rec */
+
+void
+ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p)
+{
+    uint32_t  n;
+
+    rec[4] = NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS;
+
+    n = 0;
+
+    (void) ngx_http_idempotency_record_list(r, &r->headers_out.trailers,
+                                            conf, p + 4, NULL, &n);
+
+    ngx_http_idempotency_put32(p, n);
+}
+
+
+/*
+ * The fields of a header or trailer list that are kept: adds their size to
+ * *size when p is NULL, else writes them at p.  Counts them in *n.
+ */
+
+static u_char *
+ngx_http_idempotency_record_list(ngx_http_request_t *r, ngx_list_t *list,
+    ngx_http_idempotency_loc_conf_t *conf, u_char *p, size_t *size,
+    uint32_t *n)
+{
+    u_char            buf[256];
+    ngx_str_t         low;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &list->part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0 || h[i].key.len == 0) {
+            continue;
+        }
+
+        /* absurdly long names are dropped, not checked half-way */
+
+        low.len = h[i].key.len;
+
+        if (low.len > sizeof(buf)) {
+            continue;
+        }
+
+        low.data = buf;
+        ngx_strlow(buf, h[i].key.data, low.len);
+
+        if (ngx_http_idempotency_skip_header(&low)
+            || !ngx_http_idempotency_store_header(conf, &low))
+        {
+            continue;
+        }
+
+        /* the decoder refuses these bytes: drop the field only */
+
+        if (ngx_http_idempotency_unsafe(&h[i].key)
+            || ngx_http_idempotency_unsafe(&h[i].value))
+        {
+            if (p == NULL) {
+                low = h[i].key;
+
+                if (ngx_http_idempotency_unsafe(&low)) {
+                    ngx_str_set(&low, "?");
+                }
+
+                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                              "idempotency: header \"%V\" has CR, LF "
+                              "or NUL, not stored", &low);
+            }
+
+            continue;
+        }
+
+        /*
+         * nginx's own Location (r->headers_out.location), which the header
+         * filter may make absolute: a marker says so to the replay
+         */
+
+        if (&h[i] == r->headers_out.location) {
+            (*n)++;
+
+            if (p == NULL) {
+                *size += 8 + sizeof(":location") - 1;
+
+            } else {
+                p = ngx_http_idempotency_put32(p, sizeof(":location") - 1);
+                p = ngx_cpymem(p, ":location", sizeof(":location") - 1);
+                p = ngx_http_idempotency_put32(p, 0);
+            }
+        }
+
+        (*n)++;
+
+        if (p == NULL) {
+            *size += 8 + h[i].key.len + h[i].value.len;
+            continue;
+        }
+
+        p = ngx_http_idempotency_put32(p, h[i].key.len);
+        p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
+        p = ngx_http_idempotency_put32(p, h[i].value.len);
+        p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+    }
+
+    return p;
 }
 
 

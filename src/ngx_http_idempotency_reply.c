@@ -22,6 +22,8 @@ static ngx_int_t ngx_http_idempotency_send(ngx_http_request_t *r,
     u_char *data, size_t len);
 static ngx_int_t ngx_http_idempotency_add_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value, ngx_table_elt_t **hp);
+static ngx_int_t ngx_http_idempotency_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_record_t *rec);
 
 
 static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
@@ -248,7 +250,51 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    if (ngx_http_idempotency_add_trailers(r, rec) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
     return ngx_http_idempotency_send(r, rec->body, rec->body_len);
+}
+
+
+/*
+ * The stored trailers go with the last buffer: in the trailing HEADERS
+ * frame over HTTP/2 (gRPC's grpc-status), after the last chunk over
+ * HTTP/1.1, which expect_trailers makes chunked despite the known length.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_record_t *rec)
+{
+    u_char           *p;
+    ngx_uint_t        i;
+    ngx_table_elt_t  *t;
+
+    p = rec->trailers;
+
+    for (i = 0; i < rec->ntrailers; i++) {
+        t = ngx_list_push(&r->headers_out.trailers);
+        if (t == NULL) {
+            return NGX_ERROR;
+        }
+
+        p = ngx_http_idempotency_record_next_header(p, &t->key, &t->value);
+
+        t->hash = 1;
+        t->lowcase_key = NULL;
+
+#if (nginx_version >= 1023000)
+        t->next = NULL;
+#endif
+    }
+
+    if (rec->ntrailers) {
+        r->expect_trailers = 1;
+    }
+
+    return NGX_OK;
 }
 
 
