@@ -25,6 +25,7 @@ my $root = fleet_root('torture');
 
 # a misbehaving upstream: resets, truncates, hangs; counts its hits
 my $hits_file = "$root/fake-hits";
+my $parent = $$;
 my $fake = fork // die;
 if ($fake == 0) {
     my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$fake_port",
@@ -57,6 +58,11 @@ if ($fake == 0) {
         exit 0;
     }
     exit 0;
+}
+
+# a test that dies must not leave its fake upstream on the port
+END {
+    kill 'TERM', $fake if $$ == $parent && $fake;
 }
 
 my $backend = nginx_conf('backend', <<"EOC", 2);

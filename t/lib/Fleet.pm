@@ -67,10 +67,26 @@ EOC
     return $dir;
 }
 
+# instances this test started, stopped at its end even when it dies, so
+# that a failed run leaves no nginx behind on the fixed ports
+my (@started, $owner);
+
 sub nginx_start {
     my $dir = shift;
     system(nginx_bin(), '-p', "$dir/", '-c', 'conf/nginx.conf') == 0
         or die "cannot start nginx in $dir";
+    $owner //= $$;
+    push @started, $dir;
+}
+
+END {
+    if (defined $owner && $$ == $owner) {
+        my $rc = $?;
+        for my $dir (@started) {
+            nginx_stop($dir) if -e "$dir/logs/nginx.pid";
+        }
+        $? = $rc;
+    }
 }
 
 sub nginx_signal {
