@@ -16,7 +16,7 @@ use Exporter 'import';
 
 our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
                  http_post http_burst lines_of log_problems redis_cli
-                 redis_cli_at redis_pid have_module);
+                 redis_cli_at redis_pid have_module settled);
 
 my $root;
 
@@ -185,6 +185,20 @@ sub http_burst {
     return [ map { defined $buf{$_} ? _parse($buf{$_})
                                     : { status => 0, body => '' } }
              0 .. $#$reqs ];
+}
+
+# settled(sub): a count once it stopped moving.  A backend logs an
+# execution after it sent the response, so the count can lag the answers.
+sub settled {
+    my $count = shift;
+    my $v = $count->();
+    for my $i (1 .. 40) {
+        sleep 0.1;
+        my $n = $count->();
+        return $n if $n == $v && $i >= 3;
+        $v = $n;
+    }
+    return $v;
 }
 
 sub lines_of {
