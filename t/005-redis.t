@@ -249,6 +249,13 @@ Idempotency-Key: redis-9
 
 === TEST 11: idempotency_redis_timeout: a stalled Redis answers 503 in time
 --- init
+# the worker's connection first finishes its handshake (it names itself
+# last), then Redis stalls
+for (1 .. 50) {
+    last if `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} CLIENT LIST`
+            =~ /name=nginx-idempotency/;
+    select(undef, undef, undef, 0.1);
+}
 system("(redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} DEBUG SLEEP 1.5 >/dev/null &)");
 select(undef, undef, undef, 0.3);
 --- config

@@ -339,7 +339,11 @@ sub load {
     is(scalar(grep { /-reload-/ && $n->{$_} > 1 } keys %$n), 0,
        "reload: no double execution");
     sleep 1;
-    my @old = grep { /shutting down/ } `ps ax -o args`;
+    # old workers of this test's masters only: other nginx may run
+    my %ours = map { my ($p) = lines_of("$_/logs/nginx.pid"); chomp $p;
+                     ($p => 1) } @edges;
+    my @old = grep { /shutting down/ && /^\s*\d+\s+(\d+)/ && $ours{$1} }
+              `ps ax -o pid,ppid,args`;
     is(scalar @old, 0, "reload: old workers have exited");
 }
 

@@ -153,7 +153,12 @@ for my $path ('/big', '/unbuffered/big') {
        . (defined $gone ? sprintf("%.1f s", $gone) : "still running") . ")");
     close $s;
     sleep 3;
-    my $r = http_post($edge_port, $key, 'x', '/sleepy');
+    my $r;
+    for (1 .. 20) {     # the new worker may still be connecting to Redis
+        $r = http_post($edge_port, $key, 'x', '/sleepy');
+        last if $r->{status} != 503;
+        sleep 0.25;
+    }
     is($r->{status}, 409, "the key stays claimed after the shutdown");
     is(executions('/sleepy'), 1, "the upstream ran once");
     my ($line) = grep { /stays claimed/ } lines_of("$edge/logs/error.log");
