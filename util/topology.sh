@@ -494,6 +494,7 @@ sentinel_settled() {
     [ "$(role "$m")" = master ] || return 1
     [ "$(cli "$m" INFO replication | grep -c '^slave[0-9]*:.*state=online')" \
         = 2 ] || return 1
+    acked "$m" 2
 }
 
 sentinel_up() {
@@ -563,13 +564,22 @@ demoted() {
     [ "$(cli "$1" ROLE | sed -n '1p;3p' | tr '\n' ' ')" = "slave $2 " ]
 }
 
+# acked PORT N: N replicas acknowledge a write of this connection. A
+# replica "online" after a diskless sync gets the stream only once its
+# first REPLCONF ACK arrived; PUBLISH is propagated and leaves no key.
+acked() {
+    [ "$(printf 'PUBLISH __topology__ ready\nWAIT %s 100\n' "$2" |
+         cli "$1" | tail -1)" = "$2" ]
+}
+
 # ------------------------------------------------------------ replica
 
 replica_settled() {
     local m r
     read -r m r <<< "$(ports replica | tr '\n' ' ')"
     cli "$r" INFO replication | grep -q '^master_link_status:up' &&
-        cli "$m" INFO replication | grep -q "^slave0:.*port=$r,state=online"
+        cli "$m" INFO replication | grep -q "^slave0:.*port=$r,state=online" &&
+        acked "$m" 1
 }
 
 replica_up() {
