@@ -15,6 +15,7 @@
 use strict;
 use warnings;
 use Test::More;
+use IPC::Open2;
 use Time::HiRes qw(time);
 
 my $topo = 'util/topology.sh';
@@ -82,15 +83,11 @@ sub cli {
     }
     $cmd .= ' -c' if $o->{cluster};
     $cmd .= join '', map { " '$_'" } @args;
-    my $in = '';
-    if (defined $o->{input}) {
-        $in = dir_of('cli') . '.in';
-        open my $f, '>', $in or die $!;
-        print $f $o->{input};
-        close $f;
-        $in = " < $in";
-    }
-    my $out = `$cmd$in 2>&1`;
+    my $pid = open2(my $out_fh, my $in_fh, 'sh', '-c', "$cmd 2>&1");
+    print $in_fh $o->{input} // '';
+    close $in_fh;
+    my $out = do { local $/; <$out_fh> } // '';
+    waitpid $pid, 0;
     $out =~ s/\s+\z//;
     return $out;
 }
@@ -303,5 +300,4 @@ sub key_in {
 
 my $took = time - $t0;
 note sprintf 'all topologies in %.1f s', $took;
-unlink dir_of('cli') . '.in';
 done_testing;

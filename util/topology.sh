@@ -256,9 +256,13 @@ start() { # start PORT: from its configuration, until it answers PING
     d=$(node_dir "$port")
     grep -q '^sentinel monitor' "$d/redis.conf" && extra=(--sentinel)
     redis-server "$d/redis.conf" "${extra[@]}" >/dev/null
-    wait_for 100 cli "$port" PING ||
+    # our pid file first: a PING could be answered by a stranger on the
+    # port, and a Redis that cannot bind exits before writing it
+    wait_for 100 answers "$port" ||
         die "redis on port $port did not start (see $d/redis.log)"
 }
+
+answers() { [ -n "$(pid_of "$1")" ] && cli "$1" PING; }
 
 # ------------------------------------------------------------ cluster
 
