@@ -130,7 +130,11 @@ sub _map {
 
 sub _serve {
     my ($self, $sock) = @_;
+    my $sel = IO::Select->new($sock);
     while (1) {
+        # a test killed without stop() must not leave us on the port
+        return if getppid() != $self->{owner};
+        next unless $sel->can_read(1);
         my $from = $sock->recv(my $q, 512) or next;
         my $r = $self->_answer($q);
         $sock->send($r, 0, $from) if defined $r;
