@@ -10,7 +10,7 @@
 # - cluster-tls: the same over TLS, through a kill -9 of a master and its
 #   restart as a replica
 # - sentinel: a failover changes get-master-addr-by-name on every Sentinel
-#   and the old master answers READONLY
+#   and the old master answers READONLY; so does a kill -9 of the master
 # Plain Test::More; ports 23000-23199 (util/topology.sh has the map).
 use strict;
 use warnings;
@@ -297,6 +297,15 @@ sub key_in {
     is(cli($new, {}, 'GET', 'idem:{s}'), 'v', 'the data survived');
     like(cli(23031, {}, 'SET', 'idem:{s}', 'x'), qr/^READONLY/,
          'the old master answers READONLY');
+
+    is((split /\n/, cli($new, { input => "SET idem:{s} v2\nWAIT 2 2000\n" }))
+       [-1], 2, 'both replicas have the write');
+    $out = topo('sentinel-kill-master');
+    my ($next) = $out =~ /^sentinel-kill-master: killed $new; .* to (\d+) /;
+    ok($next && $next != $new, "kill -9: another master ($out)");
+    is($master->($_), "127.0.0.1 $next", "Sentinel $_ names it")
+        for @sentinels;
+    is(cli($next, {}, 'GET', 'idem:{s}'), 'v2', 'the data survived');
     down('sentinel');
 }
 

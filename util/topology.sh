@@ -19,6 +19,8 @@
 #                                      +switch-master and, unless
 #                                      --switch-only, the old master is a
 #                                      replica (about 9 s more)
+#       sentinel-kill-master           kill -9 the master, wait until every
+#                                      Sentinel announced its successor
 #       replica-pause|replica-resume   SIGSTOP/SIGCONT the replica
 #   MASTER defaults to the master owning slot 0, FROM to the owner of slot
 #   0, TO to the owner of slot 16383 (or, for a migration, another master).
@@ -488,6 +490,8 @@ cluster_reshard() {
 
 # ------------------------------------------------------------ sentinel
 
+# sentinel_settled N: the Sentinels agree on a master that N replicas
+# acknowledge
 sentinel_settled() {
     local s m
     m=$(cli "$(ports sentinel sentinel | sed -n 1p)" \
@@ -501,8 +505,8 @@ sentinel_settled() {
     done
     [ "$(role "$m")" = master ] || return 1
     [ "$(cli "$m" INFO replication | grep -c '^slave[0-9]*:.*state=online')" \
-        = 2 ] || return 1
-    acked "$m" 2
+        = "$1" ] || return 1
+    acked "$m" "$1"
 }
 
 sentinel_up() {
@@ -520,14 +524,16 @@ sentinel_up() {
         sentinel_conf "$p" "$master"
         start "$p"
     done
-    wait_for 300 sentinel_settled || die "the sentinels did not settle"
+    wait_for 300 sentinel_settled 2 || die "the sentinels did not settle"
 }
 
-sentinel_failover() {
-    local s old new t0 t1 p f pids=() logs=() i
+# switch ACTION...: runs ACTION while subscribed to every Sentinel, and
+# waits until each has published +switch-master away from the old master;
+# sets old, new, t0 and t1 (the switch seen by all, in ms)
+switch() {
+    local s p f i pids=() logs=()
     s=$(ports sentinel sentinel | sed -n 1p)
     old=$(cli "$s" SENTINEL get-master-addr-by-name idem | tail -1)
-    # one subscriber per Sentinel: each must announce the switch
     for p in $(ports sentinel sentinel); do
         logs+=("$dir/switch-$p.log")
         timeout 60 "${cli_base[@]}" -p "$p" SUBSCRIBE +switch-master \
@@ -538,8 +544,7 @@ sentinel_failover() {
         wait_for 50 grep -q '^subscribe' "$f" || die "cannot subscribe"
     done
     t0=$(now_ms)
-    cli "$s" SENTINEL failover idem | grep -qx OK ||
-        die "SENTINEL failover refused"
+    "$@" || die "$* failed"
     for f in "${logs[@]}"; do
         wait_for 300 grep -q "^idem 127.0.0.1 $old " "$f" ||
             die "+switch-master did not reach $f"
@@ -549,13 +554,26 @@ sentinel_failover() {
         wait "$i" 2>/dev/null || true
     done
     new=$(cli "$s" SENTINEL get-master-addr-by-name idem | tail -1)
-    wait_for 100 is_master "$new" ||
-        die "$new is not a master"
+    wait_for 100 is_master "$new" || die "$new is not a master"
     t1=$(now_ms)
+}
+
+ask_failover() {
+    cli "$(ports sentinel sentinel | sed -n 1p)" SENTINEL failover idem |
+        grep -qx OK
+}
+
+kill_master() {
+    kill -9 "$(pid_of "$old")"
+}
+
+sentinel_failover() {
+    local old new t0 t1
+    switch ask_failover
     if [ "${1:-}" = --switch-only ]; then
         echo "sentinel-failover: master idem moved from $old to $new;" \
-             "+switch-master seen by ${#logs[@]} sentinels in $((t1 - t0))" \
-             "ms; $old may still accept writes"
+             "+switch-master seen by 3 sentinels in $((t1 - t0)) ms;" \
+             "$old may still accept writes"
         return 0
     fi
     # settled: the old master demoted (READONLY), both replicas attached.
@@ -563,10 +581,18 @@ sentinel_failover() {
     # last reported its role (a fixed period in Redis 7.0).
     wait_for 300 demoted "$old" "$new" ||
         die "$old was not demoted under $new"
-    wait_for 300 sentinel_settled || die "the sentinels did not settle"
+    wait_for 300 sentinel_settled 2 || die "the sentinels did not settle"
     echo "sentinel-failover: master idem moved from $old to $new;" \
-         "+switch-master seen by ${#logs[@]} sentinels in $((t1 - t0)) ms," \
+         "+switch-master seen by 3 sentinels in $((t1 - t0)) ms," \
          "$old demoted, settled in $(($(now_ms) - t0)) ms"
+}
+
+sentinel_kill_master() {
+    local old new t0 t1
+    switch kill_master
+    wait_for 300 sentinel_settled 1 || die "the sentinels did not settle"
+    echo "sentinel-kill-master: killed $old; +switch-master to $new seen" \
+         "by 3 sentinels in $((t1 - t0)) ms"
 }
 
 demoted() {
@@ -759,6 +785,7 @@ case $cmd in
     cluster-finish-migration) cluster_finish_migration ;;
     cluster-reshard) cluster_reshard "$@" ;;
     sentinel-failover) sentinel_failover "$@" ;;
+    sentinel-kill-master) sentinel_kill_master ;;
     replica-pause) replica_signal STOP ;;
     replica-resume) replica_signal CONT ;;
     *) usage ;;
