@@ -16,6 +16,9 @@
 #                   $(DESTDIR)$(DOCDIR), for layouts other than Debian's
 #   make version-check  src/ngx_http_idempotency_version.h, CHANGELOG.md
 #                   and debian/changelog name the same version
+#   make test-topologies  the tests that run on Redis topologies (TLS,
+#                   Cluster, Sentinel, replicas: util/topology.sh) and
+#                   the DNS stub, on ports 23000-23499
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -77,6 +80,18 @@ torture: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan t/servroot*
+
+# The tests that run on util/topology.sh's topologies or the DNS stub
+# (t/lib/DnsStub.pm). `make test` runs them too, among all the others;
+# the module's own TLS, Cluster, Sentinel and WAIT tests join this list
+# as they are written.
+TOPOLOGY_TESTS = t/026-dns-stub.t t/027-topologies.t
+
+.PHONY: test-topologies
+
+test-topologies: deps
+	$(MAKE) module
+	TEST_FILES="$(TOPOLOGY_TESTS)" ./util/test.sh "$(MODULE)"
 
 fuzz: deps
 	$(MAKE) module
