@@ -22,6 +22,7 @@
 static void ngx_http_idempotency_conn_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_event_t *wev);
+static ngx_uint_t ngx_http_idempotency_closing(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_idempotency_peer_closed(ngx_http_request_t *r,
     ngx_event_t *ev);
 
@@ -87,7 +88,7 @@ ngx_http_idempotency_conn_handler(ngx_event_t *ev)
 
     if (ctx->owner && !ctx->finished && r->main->upstream) {
 
-        if (c->close && ngx_exiting) {
+        if (ngx_exiting && ngx_http_idempotency_closing(r->main)) {
             /* worker_shutdown_timeout: the request ends, the claim stays */
 
         } else if (ev->timedout) {
@@ -150,6 +151,26 @@ ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
 
     wev->timedout = 0;
     wev->ready = 1;
+}
+
+
+/*
+ * worker_shutdown_timeout marks every client connection to be closed
+ * (close and error).  HTTP/2 takes back "close" before it ends the
+ * streams, so there the error of the connection that carries the stream
+ * tells, while the worker is exiting.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_closing(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_V2)
+    if (r->stream) {
+        return r->stream->connection->connection->error;
+    }
+#endif
+
+    return r->connection->close;
 }
 
 

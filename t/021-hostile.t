@@ -164,6 +164,33 @@ for my $path ('/big', '/unbuffered/big') {
     my ($line) = grep { /stays claimed/ } lines_of("$edge/logs/error.log");
     like($line // '', qr/\[error\].*stays claimed until idempotency_lock_ttl, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, request: "POST \/sleepy HTTP\/1\.1"/,
          "the kept claim is logged at error, with the key hash and request");
+
+    # the same over HTTP/2: the stream's connection is the one closed
+    SKIP: {
+        skip "curl without HTTP/2", 1 unless `curl -V` =~ /HTTP2/;
+        $master = join '', lines_of("$edge/logs/nginx.pid");
+        chomp $master;
+        $worker = $pid->($master);
+        my $curl = fork // die;
+        if ($curl == 0) {
+            exec("curl -s -o /dev/null -m 10 --http2-prior-knowledge -X POST "
+                 . "-d x -H 'Idempotency-Key: $key-h2' "
+                 . "http://127.0.0.1:$h2_port/sleepy");
+        }
+        sleep 0.5;
+        $t0 = time;
+        nginx_signal($edge, 'reload');
+        undef $gone;
+        for (1 .. 60) {
+            sleep 0.1;
+            if (!kill 0, $worker) { $gone = time - $t0; last }
+        }
+        waitpid $curl, 0;
+        ok(defined $gone && $gone < 2.5 * $slow,
+           "HTTP/2: worker_shutdown_timeout ends the owner's request ("
+           . (defined $gone ? sprintf("%.1f s", $gone) : "still running")
+           . ")");
+    }
 }
 
 # HTTP/2: a body over the limit, sent after reading went asynchronous
