@@ -24,8 +24,8 @@ static void ngx_http_idempotency_conn_connected(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_conn_read(ngx_event_t *rev);
 static void ngx_http_idempotency_conn_write(ngx_event_t *wev);
-static u_char *ngx_http_idempotency_conn_log(ngx_log_t *log, u_char *buf,
-    size_t len);
+static void ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level,
+    u_char *buf, size_t len);
 
 
 /*
@@ -91,9 +91,18 @@ ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
             return NGX_ERROR;
         }
 
+        /*
+         * nginx's own lines about the connection (connect(), recv(), SSL)
+         * are not written: the first of each attempt becomes the reason
+         * in our one line per failure streak
+         */
+
         node->log = *redis->log;
-        node->log.handler = ngx_http_idempotency_conn_log;
-        node->log.data = node;
+        node->log.log_level = NGX_LOG_INFO;
+        node->log.writer = ngx_http_idempotency_conn_log;
+        node->log.wdata = node;
+        node->log.handler = NULL;
+        node->log.next = NULL;
     }
 
     node->reader = redisReaderCreate();
@@ -108,6 +117,7 @@ ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
     node->head = NULL;
     node->tail = &node->head;
     node->pending = 0;
+    node->reason_len = 0;
     node->open = 1;
     node->connected = 0;
     node->ready = 0;
@@ -137,8 +147,6 @@ ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node)
         ngx_http_idempotency_conn_connect(node);
         return;
     }
-
-    node->log.action = "resolving";
 
     ctx = ngx_resolve_start(redis->resolver, NULL);
     if (ctx == NULL) {
@@ -255,7 +263,6 @@ ngx_http_idempotency_conn_connect(ngx_http_idempotency_node_t *node)
     ngx_int_t                      rc;
     ngx_err_t                      err;
     ngx_addr_t                    *addr;
-    ngx_uint_t                     level;
     ngx_connection_t              *c;
     ngx_peer_connection_t         *pc;
     ngx_http_idempotency_redis_t  *redis;
@@ -285,16 +292,9 @@ ngx_http_idempotency_conn_connect(ngx_http_idempotency_node_t *node)
     pc->log = &node->log;
     pc->log_error = NGX_ERROR_INFO;
 
-    /* a refused connect is logged by us, once per failure streak */
-
-    level = node->log.log_level;
-    node->log.log_level = NGX_LOG_CRIT;
-    node->log.action = "connecting";
-
     rc = ngx_event_connect_peer(pc);
 
     err = ngx_socket_errno;
-    node->log.log_level = level;
 
     if (rc == NGX_ERROR || rc == NGX_BUSY || rc == NGX_DECLINED) {
         ngx_http_idempotency_conn_fail(node, rc == NGX_DECLINED ? err : 0,
@@ -335,7 +335,6 @@ ngx_http_idempotency_conn_connected(ngx_http_idempotency_node_t *node)
 
 #if (NGX_HTTP_SSL)
     if (node->redis->ssl) {
-        node->log.action = "SSL handshaking";
         ngx_http_idempotency_tls_start(node);
         return;
     }
@@ -355,7 +354,6 @@ ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node)
     c = node->conn;
 
     node->ready = 1;
-    node->log.action = NULL;
 
     c->read->handler = ngx_http_idempotency_conn_read;
     c->write->handler = ngx_http_idempotency_conn_write;
@@ -523,6 +521,13 @@ ngx_http_idempotency_conn_read(ngx_event_t *rev)
         }
 
         if (n == 0 || n == NGX_ERROR) {
+            if (n == 0 && node->reason_len == 0) {
+                node->reason_level = NGX_LOG_INFO;
+                node->reason_len = ngx_sprintf(node->reason,
+                                               "closed by the server")
+                                   - node->reason;
+            }
+
             err = (n == 0) ? 0 : ngx_socket_errno;
             ngx_http_idempotency_conn_fail(node, err,
                                              "lost the connection to");
@@ -586,16 +591,24 @@ ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
     redis = node->redis;
 
     if (what && !node->failed && !redis->exiting) {
+        if (node->reason_len) {
+            /* nginx's own line, errno included */
+            err = 0;
+        }
+
         if (node->naddrs && (node->naddrs > 1 || redis->resolver)) {
             ngx_log_error(NGX_LOG_ERR, redis->log, err,
-                          "idempotency: %s redis \"%V\" (%V)", what,
+                          "idempotency: %s redis \"%V\" (%V)%s%*s", what,
                           &redis->name,
-                          &node->addrs[node->addr % node->naddrs].name);
+                          &node->addrs[node->addr % node->naddrs].name,
+                          node->reason_len ? ": " : "",
+                          node->reason_len, node->reason);
 
         } else {
             ngx_log_error(NGX_LOG_ERR, redis->log, err,
-                          "idempotency: %s redis \"%V\"", what,
-                          &redis->name);
+                          "idempotency: %s redis \"%V\"%s%*s", what,
+                          &redis->name, node->reason_len ? ": " : "",
+                          node->reason_len, node->reason);
         }
     }
 
@@ -699,21 +712,40 @@ ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node)
 }
 
 
-/* nginx's own lines about the connection (connect(), SSL) name the server */
+/*
+ * Keeps the most severe line of an attempt (an SSL alert rather than the
+ * reset that follows), less its time, level and pid.
+ */
 
-static u_char *
-ngx_http_idempotency_conn_log(ngx_log_t *log, u_char *buf, size_t len)
+static void
+ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level, u_char *buf,
+    size_t len)
 {
-    u_char                       *p;
-    ngx_http_idempotency_node_t  *node = log->data;
+    u_char                       *p, *last;
+    ngx_http_idempotency_node_t  *node = log->wdata;
 
-    p = buf;
-
-    if (log->action) {
-        p = ngx_snprintf(p, len, " while %s", log->action);
-        len -= p - buf;
+    if (level > NGX_LOG_INFO
+        || (node->reason_len && level >= node->reason_level))
+    {
+        return;
     }
 
-    return ngx_snprintf(p, len, ", idempotency redis: \"%V\"",
-                        &node->redis->name);
+    last = buf + len;
+
+    while (last > buf && (last[-1] == LF || last[-1] == CR)) {
+        last--;
+    }
+
+    p = ngx_strlchr(buf, last, '#');
+    p = p ? ngx_strlchr(p, last, ':') : NULL;
+
+    if (p == NULL || last - p < 2) {
+        return;
+    }
+
+    p += 2;
+
+    node->reason_level = level;
+    node->reason_len = ngx_min((size_t) (last - p), sizeof(node->reason));
+    ngx_memcpy(node->reason, p, node->reason_len);
 }

@@ -879,8 +879,10 @@ ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
     redis->addrs = u.addrs;
     redis->naddrs = u.naddrs;
 
-    redis->host = u.host;
-    redis->port = u.port;
+    if (u.family != AF_UNIX) {
+        redis->host = u.host;
+        redis->port = u.port;
+    }
 
     rp = ngx_array_push(&imcf->servers);
     if (rp == NULL) {

@@ -110,7 +110,7 @@ typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
  */
 typedef struct {
     ngx_http_idempotency_redis_t    *redis;      /* the backend it serves */
-    ngx_log_t                        log;        /* names the server */
+    ngx_log_t                        log;        /* keeps the reason */
     ngx_peer_connection_t            peer;
     ngx_connection_t                *conn;       /* NULL: none */
     ngx_pool_t                      *pool;       /* of the connection */
@@ -143,6 +143,11 @@ typedef struct {
     ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
 
+    /* what nginx said about the connection last: the failure's reason */
+    size_t                           reason_len;
+    ngx_uint_t                       reason_level;
+    u_char                           reason[160];
+
     unsigned                         open:1;     /* takes commands */
     unsigned                         connected:1;    /* TCP */
     unsigned                         ready:1;    /* TCP and TLS */
@@ -174,6 +179,7 @@ struct ngx_http_idempotency_redis_s {
     ngx_ssl_t                       *ssl;
     ngx_str_t                        tls_name;   /* NUL-terminated */
     ngx_flag_t                       tls_verify;
+    void                            *tls_conf;   /* the loc conf it is of */
     unsigned                         tls_name_ip:1;
 #endif
 

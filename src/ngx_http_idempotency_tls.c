@@ -14,6 +14,8 @@
 
 #if (NGX_HTTP_SSL)
 
+static ngx_int_t ngx_http_idempotency_tls_same(
+    ngx_http_idempotency_loc_conf_t *a, ngx_http_idempotency_loc_conf_t *b);
 static void ngx_http_idempotency_tls_done(ngx_connection_t *c);
 static ngx_int_t ngx_http_idempotency_tls_check_name(ngx_connection_t *c,
     ngx_http_idempotency_redis_t *redis);
@@ -60,7 +62,21 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
 
     redis = conf->redis;
 
-    if (!redis->tls || redis->ssl) {
+    if (!redis->tls) {
+        return NGX_CONF_OK;
+    }
+
+    /* one connection per target: its TLS settings cannot differ by place */
+
+    if (redis->ssl) {
+        if (ngx_http_idempotency_tls_same(redis->tls_conf, conf) != NGX_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis %V\" is used with "
+                               "different idempotency_redis_tls_* settings",
+                               &redis->name);
+            return NGX_CONF_ERROR;
+        }
+
         return NGX_CONF_OK;
     }
 
@@ -142,6 +158,7 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     redis->tls_name.len = name->len;
     redis->tls_name_ip = ngx_http_idempotency_is_ip(name);
     redis->tls_verify = conf->tls_verify;
+    redis->tls_conf = conf;
     redis->ssl = ssl;
 
     return NGX_CONF_OK;
@@ -155,6 +172,42 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
 
 
 #if (NGX_HTTP_SSL)
+
+static ngx_int_t
+ngx_http_idempotency_tls_same(ngx_http_idempotency_loc_conf_t *a,
+    ngx_http_idempotency_loc_conf_t *b)
+{
+    ngx_uint_t   i;
+    ngx_str_t   *sa, *sb;
+    ngx_str_t   *as[4], *bs[4];
+
+    if (a->tls_verify != b->tls_verify) {
+        return NGX_DECLINED;
+    }
+
+    as[0] = &a->tls_trusted_certificate;
+    as[1] = &a->tls_name;
+    as[2] = &a->tls_certificate;
+    as[3] = &a->tls_certificate_key;
+    bs[0] = &b->tls_trusted_certificate;
+    bs[1] = &b->tls_name;
+    bs[2] = &b->tls_certificate;
+    bs[3] = &b->tls_certificate_key;
+
+    for (i = 0; i < 4; i++) {
+        sa = as[i];
+        sb = bs[i];
+
+        if (sa->len != sb->len
+            || ngx_strncmp(sa->data, sb->data, sa->len) != 0)
+        {
+            return NGX_DECLINED;
+        }
+    }
+
+    return NGX_OK;
+}
+
 
 void
 ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node)
@@ -190,10 +243,6 @@ ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    /* OpenSSL's reason is logged by nginx: at error once per streak */
-
-    c->log_error = node->failed ? NGX_ERROR_INFO : NGX_ERROR_ERR;
-
     rc = ngx_ssl_handshake(c);
 
     if (rc == NGX_AGAIN) {
@@ -215,7 +264,6 @@ ngx_http_idempotency_tls_done(ngx_connection_t *c)
     ngx_http_idempotency_redis_t  *redis;
 
     redis = node->redis;
-    c->log_error = NGX_ERROR_INFO;
 
     if (!c->ssl->handshaked) {
         ngx_http_idempotency_conn_fail(node, 0, "TLS handshake failed with");
