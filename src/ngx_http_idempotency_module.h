@@ -22,6 +22,9 @@
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
 #define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
 
+/* a claim kept to be sent again after a broken connection (SET or EVALSHA) */
+#define NGX_HTTP_IDEMPOTENCY_RESEND_MAX     384
+
 /* "client: …, request: "…"" in the log lines of a store or release */
 #define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
 
@@ -128,6 +131,10 @@ typedef struct {
     ngx_http_idempotency_op_t       *head;
     ngx_http_idempotency_op_t      **tail;
     ngx_uint_t                       pending;
+
+    /* claims lost with a connection, sent again on the next one */
+    ngx_http_idempotency_op_t       *parked;
+    ngx_http_idempotency_op_t      **parked_tail;
 
     ngx_addr_t                      *addrs;      /* last resolved */
     ngx_uint_t                       naddrs;
@@ -312,6 +319,8 @@ struct ngx_http_idempotency_op_s {
     size_t                           rkey_len;
     unsigned                         handshake:1;
     unsigned                         store:1;
+    unsigned                         resend:1;   /* safe to send twice */
+    unsigned                         resent:1;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                           info_len;
@@ -321,6 +330,10 @@ struct ngx_http_idempotency_op_s {
     uint64_t                         sent;
     ngx_uint_t                       zone;
     unsigned                         too_large:1;
+
+    /* redis.c: the command as sent, when resend is set */
+    size_t                           cmd_len;
+    u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
 };
 
 

@@ -31,6 +31,9 @@ static void ngx_http_idempotency_node_load_script(
 static ngx_int_t ngx_http_idempotency_node_command(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
+static void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+static void ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
@@ -74,6 +77,7 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     node->redis = redis;
     node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
     node->tail = &node->head;
+    node->parked_tail = &node->parked;
 
     /*
      * connection-level timers are cancelable so that a gracefully exiting
@@ -133,6 +137,8 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
         ngx_del_timer(&node->reconnect_ev);
     }
 
+    ngx_http_idempotency_node_resend(node);
+
     ngx_http_idempotency_conn_free(node);
     ngx_free(node);
 
@@ -144,6 +150,7 @@ static void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
     if (ngx_http_idempotency_conn_open(node) != NGX_OK) {
+        ngx_http_idempotency_node_resend(node);
         ngx_http_idempotency_redis_schedule(node);
         return;
     }
@@ -151,6 +158,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
     /* the handshake goes first, whatever queues behind it meanwhile */
 
     ngx_http_idempotency_redis_handshake(node);
+    ngx_http_idempotency_node_resend(node);
 
     if (node->open) {
         ngx_http_idempotency_conn_start(node);
@@ -453,6 +461,8 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->rkey_len = 0;
     op->handshake = 0;
     op->store = 0;
+    op->resend = 0;
+    op->resent = 0;
 
     return op;
 }
@@ -512,7 +522,7 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     const size_t *argvlen)
 {
     int      i;
-    u_char  *p;
+    u_char  *p, *start;
     size_t   len;
 
     if (!node->open || node->handshake_failed || node->reset_ev.posted) {
@@ -526,13 +536,13 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
         len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + argvlen[i];
     }
 
-    p = ngx_http_idempotency_conn_reserve(node, len);
-    if (p == NULL) {
+    start = ngx_http_idempotency_conn_reserve(node, len);
+    if (start == NULL) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }
 
-    p = ngx_sprintf(p, "*%d\r\n", argc);
+    p = ngx_sprintf(start, "*%d\r\n", argc);
 
     for (i = 0; i < argc; i++) {
         p = ngx_sprintf(p, "$%uz\r\n", argvlen[i]);
@@ -541,8 +551,28 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
         *p++ = LF;
     }
 
+    if (op->resend) {
+        if ((size_t) (p - start) <= sizeof(op->cmd)) {
+            op->cmd_len = p - start;
+            ngx_memcpy(op->cmd, start, op->cmd_len);
+
+        } else {
+            op->resend = 0;
+        }
+    }
+
     node->out_last = p;
 
+    ngx_http_idempotency_node_queue(node, op);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op)
+{
     op->node = node;
     op->next = NULL;
     *node->tail = op;
@@ -555,8 +585,46 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     if (node->ready && !node->flush_ev.posted) {
         ngx_post_event(&node->flush_ev, &ngx_posted_events);
     }
+}
 
-    return NGX_OK;
+
+/*
+ * Claims that lost their connection before the reply go again, once, right
+ * behind the handshake of the next one: a claim is safe to repeat (its
+ * reply is then either the claim, or this request's own claim record when
+ * the first one won).  Without an open node, or for a request that has
+ * gone meanwhile, they get a NULL reply now.
+ */
+
+static void
+ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
+{
+    u_char                     *p;
+    ngx_http_idempotency_op_t  *op;
+
+    while (node->parked) {
+        op = node->parked;
+        node->parked = op->next;
+
+        p = NULL;
+
+        if (node->open && !node->handshake_failed && op->request) {
+            p = ngx_http_idempotency_conn_reserve(node, op->cmd_len);
+        }
+
+        if (p == NULL) {
+            op->handler(op, NULL);
+            ngx_http_idempotency_op_free(op);
+            continue;
+        }
+
+        node->out_last = ngx_cpymem(p, op->cmd, op->cmd_len);
+        op->resent = 1;
+
+        ngx_http_idempotency_node_queue(node, op);
+    }
+
+    node->parked_tail = &node->parked;
 }
 
 
@@ -623,7 +691,11 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 }
 
 
-/* the connection is gone: every command sent or queued gets a NULL reply */
+/*
+ * The connection is gone: every command sent or queued gets a NULL reply,
+ * but a claim not yet sent twice, whose request waits, is parked for the
+ * next connection.
+ */
 
 void
 ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
@@ -633,6 +705,15 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
     while (node->head) {
         op = node->head;
         node->head = op->next;
+
+        if (op->resend && !op->resent && op->request
+            && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
+        {
+            op->next = NULL;
+            *node->parked_tail = op;
+            node->parked_tail = &op->next;
+            continue;
+        }
 
         op->handler(op, NULL);
         ngx_http_idempotency_op_free(op);

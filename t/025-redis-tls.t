@@ -83,23 +83,8 @@ END {
 sub instance {
     my ($name, $redis) = @_;
     my $port = $next_port++;
-    my $dir = nginx_conf($name, <<"EOC", 1);
-    log_format backend '\$http_idempotency_key';
-    server {
-        listen 127.0.0.1:$port;
-        idempotency_redis_timeout 500ms;
-        $redis
-        location = /pay {
-            idempotency on;
-            add_header X-Idem \$idempotency_status always;
-            proxy_pass http://127.0.0.1:$port/backend;
-        }
-        location = /backend {
-            access_log $root/$name/logs/backend.log backend;
-            return 201 "ok\\n";
-        }
-    }
-EOC
+    my $dir = nginx_conf($name, pay_server($name, $port,
+        "idempotency_redis_timeout 500ms; $redis"), 1);
     nginx_start($dir);
     push @dirs, $dir;
     return ($dir, $port);
@@ -110,14 +95,7 @@ sub log_count {
     return scalar grep { /$re/ } lines_of("$dir/logs/error.log");
 }
 
-# how many times the upstream ran, per key
-sub runs {
-    my $dir = shift;
-    my %n;
-    chomp(my @keys = lines_of("$dir/logs/backend.log"));
-    $n{$_}++ for @keys;
-    return \%n;
-}
+sub runs { upstream_runs(@_) }
 
 sub at_most_once {
     my ($dir, $what) = @_;

@@ -95,25 +95,10 @@ sub dbsize {
 my $first = redis_on('127.0.0.1');
 redis_on('127.0.0.2');
 
-my $dir = nginx_conf('dns', <<"EOC", 1);
-    log_format backend '\$http_idempotency_key';
-    resolver 127.0.0.1:$dns_port valid=1s ipv6=off;
-    resolver_timeout 1s;
-    server {
-        listen 127.0.0.1:$port;
-        idempotency_redis redis.test:$redis_port;
-        idempotency_redis_timeout 500ms;
-        location = /pay {
-            idempotency on;
-            add_header X-Idem \$idempotency_status always;
-            proxy_pass http://127.0.0.1:$port/backend;
-        }
-        location = /backend {
-            access_log $root/dns/logs/backend.log backend;
-            return 201 "ok\\n";
-        }
-    }
-EOC
+my $dir = nginx_conf('dns', "resolver 127.0.0.1:$dns_port valid=1s ipv6=off;"
+    . " resolver_timeout 1s;"
+    . pay_server('dns', $port, "idempotency_redis redis.test:$redis_port;"
+                 . " idempotency_redis_timeout 500ms;"), 1);
 
 END {
     nginx_stop($dir) if $dir;
@@ -172,9 +157,8 @@ for my $i (1 .. 5) {
 }
 is("@st", "201 201 201 201 201", "two addresses, one refusing: all served");
 
-my %runs;
-$runs{$_}++ for map { chomp; $_ } lines_of("$dir/logs/backend.log");
-is(scalar(grep { $runs{$_} > 1 } keys %runs), 0, "no key ran twice");
+my $runs = upstream_runs($dir);
+is(scalar(grep { $runs->{$_} > 1 } keys %$runs), 0, "no key ran twice");
 is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
 
 done_testing();
