@@ -165,6 +165,10 @@ refused('wrong_name', "idempotency_redis 127.0.0.1:$tls_port tls; $ca"
 refused('plain', "idempotency_redis 127.0.0.1:$rp tls; $ca",
         qr/\[error\].*(TLS handshake failed with|timed out in the TLS)/);
 
+# and plain text to a TLS port: Redis drops it
+refused('no_tls', "idempotency_redis 127.0.0.1:$tls_port;",
+        qr/\[error\].*(lost the connection to|did not answer)/);
+
 works('verify_off', "idempotency_redis 127.0.0.1:$tls_port tls;"
       . " idempotency_redis_tls_trusted_certificate $pki/other.crt;"
       . " idempotency_redis_tls_verify off;");
