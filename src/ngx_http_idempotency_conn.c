@@ -362,6 +362,10 @@ ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node)
         ngx_del_timer(&node->connect_ev);
     }
 
+    if (node->pending) {
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
+    }
+
     ngx_http_idempotency_conn_flush(node);
 
     /* TLS may hold bytes that came with its last handshake record */
@@ -725,7 +729,8 @@ ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level, u_char *buf,
     ngx_http_idempotency_node_t  *node = log->wdata;
 
     if (level > NGX_LOG_INFO
-        || (node->reason_len && level >= node->reason_level))
+        || (node->reason_len && level >= node->reason_level
+            && level > NGX_LOG_ALERT))
     {
         return;
     }
@@ -744,6 +749,11 @@ ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level, u_char *buf,
     }
 
     p += 2;
+
+    if (level <= NGX_LOG_ALERT) {
+        /* not about Redis but about nginx itself (epoll_ctl(), memory) */
+        ngx_log_error(level, node->redis->log, 0, "%*s", last - p, p);
+    }
 
     node->reason_level = level;
     node->reason_len = ngx_min((size_t) (last - p), sizeof(node->reason));

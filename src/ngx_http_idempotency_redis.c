@@ -578,7 +578,9 @@ ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     *node->tail = op;
     node->tail = &op->next;
 
-    if (node->pending++ == 0) {
+    /* until the connection is ready, the connect timer bounds the wait */
+
+    if (node->pending++ == 0 && node->ready) {
         ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
     }
 

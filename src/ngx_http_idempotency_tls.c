@@ -55,7 +55,7 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf)
 {
 #if (NGX_HTTP_SSL)
-    ngx_str_t                     *name;
+    ngx_str_t                     *name, host;
     ngx_ssl_t                     *ssl;
     ngx_pool_cleanup_t            *cln;
     ngx_http_idempotency_redis_t  *redis;
@@ -148,6 +148,14 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     }
 
     /* NUL-terminated for SSL_set_tlsext_host_name() and X509_check_*() */
+
+    if (name->len > 2 && name->data[0] == '['
+        && name->data[name->len - 1] == ']')
+    {
+        host.data = name->data + 1;
+        host.len = name->len - 2;
+        name = &host;
+    }
 
     redis->tls_name.data = ngx_pnalloc(cf->pool, name->len + 1);
     if (redis->tls_name.data == NULL) {
