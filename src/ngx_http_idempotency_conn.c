@@ -93,8 +93,8 @@ ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
 
         /*
          * nginx's own lines about the connection (connect(), recv(), SSL)
-         * are not written: the first of each attempt becomes the reason
-         * in our one line per failure streak
+         * are not written: the most severe of an attempt becomes the
+         * reason in our one line per failure streak
          */
 
         node->log = *redis->log;

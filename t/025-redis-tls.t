@@ -148,7 +148,20 @@ sub refused {
 
 my $ca = "idempotency_redis_tls_trusted_certificate $pki/ca.crt;";
 
-works('ip', "idempotency_redis 127.0.0.1:$tls_port tls; $ca");
+{
+    my $dir = works('ip', "idempotency_redis 127.0.0.1:$tls_port tls; $ca");
+
+    # a reload: new workers connect, the old ones leave no socket behind
+    nginx_signal($dir, 'reload');
+    sleep 1 * $slow;
+    my $port = $next_port - 1;
+    my $r = http_post($port, 'tls-ip', 'x');
+    like($r->{head}, qr/X-Idem: replay/, "ip: replayed after a reload");
+    is(log_count($dir, qr/connected to redis/), 2,
+       "ip: the new worker connected");
+    is(scalar log_problems("$dir/logs/error.log"), 0,
+       "ip: no alert, no open socket left");
+}
 works('name', "idempotency_redis localhost:$tls_port tls; $ca");
 works('tls_name', "idempotency_redis 127.0.0.1:$tls_port tls; $ca"
       . " idempotency_redis_tls_name localhost;");
