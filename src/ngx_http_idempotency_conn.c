@@ -15,6 +15,7 @@
 /* a 256 KB reply takes 4 reads in one event, not 16 event loop turns */
 #define NGX_HTTP_IDEMPOTENCY_READ_SIZE   65536
 #define NGX_HTTP_IDEMPOTENCY_OUT_SIZE    16384
+#define NGX_HTTP_IDEMPOTENCY_OUT_KEEP    262144  /* kept once all is sent */
 
 
 static void ngx_http_idempotency_conn_resolved(ngx_resolver_ctx_t *ctx);
@@ -411,7 +412,10 @@ ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
         return NULL;
     }
 
-    ngx_memcpy(out, node->out_pos, used);
+    if (used) {
+        ngx_memcpy(out, node->out_pos, used);
+    }
+
     ngx_free(node->out);
 
     node->out = out;
@@ -456,6 +460,14 @@ ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node)
         }
 
         node->out_pos += n;
+    }
+
+    /* the buffer a large record needed is not kept for small claims */
+
+    if (node->out_end - node->out > NGX_HTTP_IDEMPOTENCY_OUT_KEEP) {
+        ngx_free(node->out);
+        node->out = NULL;
+        node->out_end = NULL;
     }
 
     node->out_pos = node->out;
