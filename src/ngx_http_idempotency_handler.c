@@ -31,6 +31,8 @@ static void ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_own_claim(redisReply *reply,
+    u_char *claim);
 static void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -398,6 +400,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     op->request = r;
     op->ctx = ctx;
     op->handler = ngx_http_idempotency_claim_done;
+    op->resend = 1;
     op->rkey_len = ctx->rkey.len;
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
     ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
@@ -496,7 +499,10 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     if (r == NULL) {
         /* the request is gone; a claim it won must not block retries */
 
-        if (reply && reply->type == REDIS_REPLY_NIL) {
+        if (reply
+            && (reply->type == REDIS_REPLY_NIL
+                || ngx_http_idempotency_own_claim(reply, op->claim)))
+        {
             ngx_http_idempotency_release_orphan(op);
         }
 
@@ -538,6 +544,11 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
 
     case REDIS_REPLY_STRING:
+        if (ngx_http_idempotency_own_claim(reply, ctx->claim)) {
+            /* a claim sent again after a broken connection: the first won */
+            return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
+        }
+
         break;
 
     case REDIS_REPLY_ERROR:
@@ -625,6 +636,18 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     default: /* NGX_HTTP_IDEMPOTENCY_REC_CLAIM */
         return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
     }
+}
+
+
+/* this request's own claim, token included: only this request wrote it */
+
+static ngx_uint_t
+ngx_http_idempotency_own_claim(redisReply *reply, u_char *claim)
+{
+    return reply->type == REDIS_REPLY_STRING
+           && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+           && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+              == 0;
 }
 
 

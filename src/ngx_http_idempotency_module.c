@@ -38,7 +38,7 @@ static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static ngx_http_idempotency_redis_t *ngx_http_idempotency_add_server(
     ngx_conf_t *cf, ngx_str_t *addr, ngx_uint_t db, ngx_str_t *user,
-    ngx_str_t *password);
+    ngx_str_t *password, ngx_uint_t tls);
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
@@ -236,6 +236,43 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_conf_set_flag_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, dry_run),
+      NULL },
+
+    /* tls.c: TLS to Redis, as proxy_ssl_* */
+
+    { ngx_string("idempotency_redis_tls_verify"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, tls_verify),
+      NULL },
+
+    { ngx_string("idempotency_redis_tls_trusted_certificate"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, tls_trusted_certificate),
+      NULL },
+
+    { ngx_string("idempotency_redis_tls_name"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, tls_name),
+      NULL },
+
+    { ngx_string("idempotency_redis_tls_certificate"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, tls_certificate),
+      NULL },
+
+    { ngx_string("idempotency_redis_tls_certificate_key"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, tls_certificate_key),
       NULL },
 
       ngx_null_command
@@ -450,6 +487,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->metrics_zone = NGX_CONF_UNSET_UINT;
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
     conf->dry_run = NGX_CONF_UNSET;
+    conf->tls_verify = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -507,7 +545,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         if (imcf->default_server == NULL) {
             ngx_str_set(&addr, "127.0.0.1:6379");
             imcf->default_server = ngx_http_idempotency_add_server(cf, &addr,
-                                                            0, NULL, NULL);
+                                                            0, NULL, NULL, 0);
             if (imcf->default_server == NULL) {
                 return NGX_CONF_ERROR;
             }
@@ -527,6 +565,23 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         {
             conf->redis->timeout = conf->redis_timeout;
         }
+    }
+
+    ngx_conf_merge_value(conf->tls_verify, prev->tls_verify, 1);
+    ngx_conf_merge_str_value(conf->tls_trusted_certificate,
+                             prev->tls_trusted_certificate, "");
+    ngx_conf_merge_str_value(conf->tls_name, prev->tls_name, "");
+    ngx_conf_merge_str_value(conf->tls_certificate, prev->tls_certificate,
+                             "");
+    ngx_conf_merge_str_value(conf->tls_certificate_key,
+                             prev->tls_certificate_key, "");
+
+    if (ngx_http_idempotency_conn_conf(cf, conf->redis) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idempotency_tls_merge(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
     }
 
     ngx_http_idempotency_warn(cf, conf);
@@ -668,7 +723,7 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value, user, password;
     ngx_int_t    n;
-    ngx_uint_t   i, db;
+    ngx_uint_t   i, db, tls;
 
     if (ilcf->redis) {
         return "is duplicate";
@@ -677,6 +732,7 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     value = cf->args->elts;
 
     db = 0;
+    tls = 0;
     ngx_str_null(&user);
     ngx_str_null(&password);
 
@@ -712,6 +768,18 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (ngx_strcmp(value[i].data, "tls") == 0) {
+#if (NGX_HTTP_SSL)
+            tls = 1;
+            continue;
+#else
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"tls\" requires nginx built with "
+                               "ngx_http_ssl_module");
+            return NGX_CONF_ERROR;
+#endif
+        }
+
         goto invalid;
     }
 
@@ -722,7 +790,7 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,
-                                                  &password);
+                                                  &password, tls);
     if (ilcf->redis == NULL) {
         return NGX_CONF_ERROR;
     }
@@ -742,9 +810,8 @@ invalid:
 
 static ngx_http_idempotency_redis_t *
 ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
-    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password)
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls)
 {
-    u_char                             *p;
     ngx_url_t                           u;
     ngx_str_t                           empty = ngx_null_string;
     ngx_uint_t                          i;
@@ -765,6 +832,7 @@ ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
         if (redis->name.len == addr->len
             && ngx_strncmp(redis->name.data, addr->data, addr->len) == 0
             && redis->db == db
+            && redis->tls == tls
             && redis->user.len == user->len
             && ngx_strncmp(redis->user.data, user->data, user->len) == 0
             && redis->password.len == password->len
@@ -784,49 +852,35 @@ ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
     redis->db = db;
     redis->user = *user;
     redis->password = *password;
+    redis->tls = tls;
 
-    if (addr->len > 5 && ngx_strncasecmp(addr->data, (u_char *) "unix:", 5)
-                         == 0)
+    /*
+     * A name is resolved when the configuration is merged: with the http
+     * resolver on each connect if one is configured where it is used, else
+     * once, now.
+     */
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+
+    u.url = *addr;
+    u.default_port = 6379;
+    u.no_resolve = 1;
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK
+        || (u.naddrs == 0 && u.host.len == 0))
     {
-        redis->path = ngx_pnalloc(cf->pool, addr->len - 4);
-        if (redis->path == NULL) {
-            return NULL;
-        }
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid redis address \"%V\"%s%s", addr,
+                           u.err ? ": " : "", u.err ? u.err : "");
+        return NULL;
+    }
 
-        p = ngx_cpymem(redis->path, addr->data + 5, addr->len - 5);
-        *p = '\0';
+    /* a unix socket: its one address */
+    redis->addrs = u.addrs;
+    redis->naddrs = u.naddrs;
 
-    } else {
-        /* resolve names now: hiredis 0.14 would block a worker on DNS */
-
-        ngx_memzero(&u, sizeof(ngx_url_t));
-
-        u.url = *addr;
-        u.default_port = 6379;
-
-        if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid redis address \"%V\"%s%s", addr,
-                               u.err ? ": " : "", u.err ? u.err : "");
-            return NULL;
-        }
-
-        redis->host = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
-        if (redis->host == NULL) {
-            return NULL;
-        }
-
-        p = redis->host + ngx_sock_ntop(u.addrs[0].sockaddr,
-                                        u.addrs[0].socklen, redis->host,
-                                        NGX_SOCKADDR_STRLEN, 0);
-        *p = '\0';
-
-        /* hiredis wants a bare IPv6 address */
-        if (redis->host[0] == '[') {
-            redis->host++;
-            *(p - 1) = '\0';
-        }
-
+    if (u.family != AF_UNIX) {
+        redis->host = u.host;
         redis->port = u.port;
     }
 

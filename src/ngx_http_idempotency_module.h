@@ -14,7 +14,6 @@
 
 #include <openssl/evp.h>
 #include <hiredis/hiredis.h>
-#include <hiredis/async.h>
 
 #include "ngx_http_idempotency_version.h"
 
@@ -22,6 +21,9 @@
 #define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
 #define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
+
+/* a claim kept to be sent again after a broken connection (SET or EVALSHA) */
+#define NGX_HTTP_IDEMPOTENCY_RESEND_MAX     384
 
 /* "client: …, request: "…"" in the log lines of a store or release */
 #define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
@@ -102,40 +104,100 @@ typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
 typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
 
 
-/* one Redis target; the runtime part is per worker (after fork) */
-typedef struct {
-    ngx_str_t                        name;       /* for logs */
-    u_char                          *host;       /* numeric, NUL-terminated */
-    u_char                          *path;       /* unix socket or NULL */
-    ngx_int_t                        port;
-    ngx_uint_t                       db;
-    ngx_str_t                        user;
-    ngx_str_t                        password;
-    ngx_msec_t                       timeout;    /* connect, watchdog */
-    ngx_uint_t                       used;       /* unsigned  used:1; */
+typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
 
-    redisAsyncContext               *ac;
-    ngx_connection_t                *conn;
+
+/*
+ * One connection to one Redis server (conn.c moves the bytes, redis.c the
+ * commands).  A backend has one node today; a cluster would have one per
+ * shard master, each with its own FIFO of sent commands.
+ */
+typedef struct {
+    ngx_http_idempotency_redis_t    *redis;      /* the backend it serves */
+    ngx_log_t                        log;        /* keeps the reason */
+    ngx_peer_connection_t            peer;
+    ngx_connection_t                *conn;       /* NULL: none */
+    ngx_pool_t                      *pool;       /* of the connection */
+    ngx_resolver_ctx_t              *resolving;
+    redisReader                     *reader;
+    u_char                          *in;         /* recv buffer */
+
+    /* formatted commands not yet sent */
+    u_char                          *out;
+    u_char                          *out_pos;
+    u_char                          *out_last;
+    u_char                          *out_end;
+
+    /* sent or queued commands, in the order of their replies */
+    ngx_http_idempotency_op_t       *head;
+    ngx_http_idempotency_op_t      **tail;
+    ngx_uint_t                       pending;
+
+    /* claims lost with a connection, sent again on the next one */
+    ngx_http_idempotency_op_t       *parked;
+    ngx_http_idempotency_op_t      **parked_tail;
+
+    ngx_addr_t                      *addrs;      /* last resolved */
+    ngx_uint_t                       naddrs;
+    ngx_uint_t                       addr;       /* the one to try next */
+#if (NGX_HTTP_SSL)
+    ngx_ssl_session_t               *session;
+#endif
+
     ngx_event_t                      connect_ev;
     ngx_event_t                      reconnect_ev;
     ngx_event_t                      reset_ev;
     ngx_event_t                      watchdog_ev;
     ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
-    ngx_uint_t                       pending;
-    ngx_uint_t                       claim_mode;
-    ngx_log_t                       *log;
 
-    unsigned                         connected:1;
+    /* what nginx said about the connection last: the failure's reason */
+    size_t                           reason_len;
+    ngx_uint_t                       reason_level;
+    u_char                           reason[160];
+
+    unsigned                         open:1;     /* takes commands */
+    unsigned                         connected:1;    /* TCP */
+    unsigned                         ready:1;    /* TCP and TLS */
     unsigned                         handshake_failed:1;
     unsigned                         failed:1;   /* failure logged */
-    unsigned                         exiting:1;
-    unsigned                         flushing:1;
     unsigned                         up:1;       /* handshake succeeded */
     unsigned                         was_up:1;
     unsigned                         refused:1;  /* refusal logged */
+} ngx_http_idempotency_node_t;
+
+
+/* one Redis target; the runtime part is per worker (after fork) */
+struct ngx_http_idempotency_redis_s {
+    ngx_str_t                        name;       /* for logs */
+    ngx_str_t                        host;       /* to resolve, or empty */
+    ngx_addr_t                      *addrs;      /* resolved when parsed */
+    ngx_uint_t                       naddrs;
+    in_port_t                        port;
+    ngx_uint_t                       db;
+    ngx_str_t                        user;
+    ngx_str_t                        password;
+    ngx_msec_t                       timeout;    /* connect, watchdog */
+    ngx_uint_t                       used;       /* unsigned  used:1; */
+    ngx_resolver_t                  *resolver;   /* NULL: addrs only */
+    ngx_msec_t                       resolver_timeout;
+
+    ngx_uint_t                       tls;        /* unsigned  tls:1; */
+#if (NGX_HTTP_SSL)
+    ngx_ssl_t                       *ssl;
+    ngx_str_t                        tls_name;   /* NUL-terminated */
+    ngx_flag_t                       tls_verify;
+    void                            *tls_conf;   /* the loc conf it is of */
+    unsigned                         tls_name_ip:1;
+#endif
+
+    ngx_http_idempotency_node_t     *node;       /* per worker */
+    ngx_uint_t                       claim_mode;
+    ngx_log_t                       *log;
+
+    unsigned                         exiting:1;
     unsigned                         script_refused:1;
-} ngx_http_idempotency_redis_t;
+};
 
 
 typedef struct {
@@ -167,6 +229,13 @@ typedef struct {
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
     ngx_flag_t                       dry_run;
+
+    /* the TLS of the Redis connection, applied to conf->redis */
+    ngx_flag_t                       tls_verify;
+    ngx_str_t                        tls_trusted_certificate;
+    ngx_str_t                        tls_name;
+    ngx_str_t                        tls_certificate;
+    ngx_str_t                        tls_certificate_key;
 
     /* for the nginx -t warnings */
     ngx_str_t                        conf_file;  /* where the block starts */
@@ -249,9 +318,12 @@ struct ngx_http_idempotency_op_s {
     ngx_http_request_t              *request;    /* NULL once detached */
     ngx_http_idempotency_ctx_t      *ctx;
     ngx_http_idempotency_reply_pt    handler;
+    ngx_http_idempotency_node_t     *node;       /* sent on */
     size_t                           rkey_len;
     unsigned                         handshake:1;
     unsigned                         store:1;
+    unsigned                         resend:1;   /* safe to send twice */
+    unsigned                         resent:1;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                           info_len;
@@ -261,6 +333,10 @@ struct ngx_http_idempotency_op_s {
     uint64_t                         sent;
     ngx_uint_t                       zone;
     unsigned                         too_large:1;
+
+    /* redis.c: the command as sent, when resend is set */
+    size_t                           cmd_len;
+    u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
 };
 
 
@@ -359,6 +435,31 @@ void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_ops_done(void);
+ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply);
+void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
+
+/* conn.c: one connection, its bytes and its replies */
+ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
+    ngx_err_t err, const char *what);
+void ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node);
+u_char *ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
+    size_t len);
+void ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node);
+
+/* tls.c */
+char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf);
+ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
+#if (NGX_HTTP_SSL)
+void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
+#endif
 
 /* abort.c */
 void ngx_http_idempotency_keep_upstream(ngx_http_request_t *r,

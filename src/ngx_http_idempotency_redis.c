@@ -2,10 +2,10 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * hiredis's async API on nginx's event loop: one pipelined connection per
- * worker per Redis target, nginx timers for every timeout, reconnect with
- * backoff.  hiredis owns the socket; we only borrow an ngx_connection_t for
- * its events and never close the fd ourselves.
+ * The commands of one Redis target: one pipelined connection (a node) per
+ * worker per target, its handshake, the FIFO that matches replies to
+ * commands, nginx timers for every timeout, reconnect with backoff.  The
+ * bytes themselves are conn.c's; hiredis is only the RESP parser.
  */
 
 
@@ -16,34 +16,33 @@
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
 #define NGX_HTTP_IDEMPOTENCY_CMD_STACK    4096    /* claims, small stores */
 
+#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN  10
+#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
+
 
 static void ngx_http_idempotency_redis_connect(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_redis_schedule(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_redis_handshake(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_node_t *node);
+static void ngx_http_idempotency_node_load_script(
+    ngx_http_idempotency_node_t *node);
+static ngx_int_t ngx_http_idempotency_node_command(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+static void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+static void ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node);
+static void ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static void ngx_http_idempotency_redis_reply(redisAsyncContext *ac,
-    void *reply, void *data);
-static void ngx_http_idempotency_on_connect(const redisAsyncContext *ac,
-    int status);
-static void ngx_http_idempotency_on_disconnect(const redisAsyncContext *ac,
-    int status);
-static void ngx_http_idempotency_add_read(void *data);
-static void ngx_http_idempotency_del_read(void *data);
-static void ngx_http_idempotency_add_write(void *data);
-static void ngx_http_idempotency_del_write(void *data);
-static void ngx_http_idempotency_cleanup(void *data);
-static void ngx_http_idempotency_read_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_redis_unsolicited(
     ngx_http_idempotency_redis_t *redis, redisReply *reply);
-static void ngx_http_idempotency_write_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
 static void ngx_http_idempotency_reset_handler(ngx_event_t *ev);
@@ -58,8 +57,9 @@ ngx_int_t
 ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
+    ngx_http_idempotency_node_t  *node;
+
     redis->log = cycle->log;
-    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
 
     /* only workers serve requests: not the cache manager nor the loader */
 
@@ -69,35 +69,47 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
         return NGX_OK;
     }
 
+    node = ngx_calloc(sizeof(ngx_http_idempotency_node_t), cycle->log);
+    if (node == NULL) {
+        return NGX_ERROR;
+    }
+
+    node->redis = redis;
+    node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+    node->tail = &node->head;
+    node->parked_tail = &node->parked;
+
     /*
      * connection-level timers are cancelable so that a gracefully exiting
      * worker does not wait for them; the watchdog is not: it bounds the
      * wait for the replies of stores still in flight
      */
 
-    redis->connect_ev.handler = ngx_http_idempotency_connect_timeout;
-    redis->connect_ev.data = redis;
-    redis->connect_ev.log = cycle->log;
-    redis->connect_ev.cancelable = 1;
+    node->connect_ev.handler = ngx_http_idempotency_connect_timeout;
+    node->connect_ev.data = node;
+    node->connect_ev.log = cycle->log;
+    node->connect_ev.cancelable = 1;
 
-    redis->reconnect_ev.handler = ngx_http_idempotency_reconnect;
-    redis->reconnect_ev.data = redis;
-    redis->reconnect_ev.log = cycle->log;
-    redis->reconnect_ev.cancelable = 1;
+    node->reconnect_ev.handler = ngx_http_idempotency_reconnect;
+    node->reconnect_ev.data = node;
+    node->reconnect_ev.log = cycle->log;
+    node->reconnect_ev.cancelable = 1;
 
-    redis->reset_ev.handler = ngx_http_idempotency_reset_handler;
-    redis->reset_ev.data = redis;
-    redis->reset_ev.log = cycle->log;
+    node->reset_ev.handler = ngx_http_idempotency_reset_handler;
+    node->reset_ev.data = node;
+    node->reset_ev.log = cycle->log;
 
-    redis->watchdog_ev.handler = ngx_http_idempotency_watchdog;
-    redis->watchdog_ev.data = redis;
-    redis->watchdog_ev.log = cycle->log;
+    node->watchdog_ev.handler = ngx_http_idempotency_watchdog;
+    node->watchdog_ev.data = node;
+    node->watchdog_ev.log = cycle->log;
 
-    redis->flush_ev.handler = ngx_http_idempotency_flush_handler;
-    redis->flush_ev.data = redis;
-    redis->flush_ev.log = cycle->log;
+    node->flush_ev.handler = ngx_http_idempotency_flush_handler;
+    node->flush_ev.data = node;
+    node->flush_ev.log = cycle->log;
 
-    ngx_http_idempotency_redis_connect(redis);
+    redis->node = node;
+
+    ngx_http_idempotency_redis_connect(node);
 
     return NGX_OK;
 }
@@ -106,97 +118,51 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 void
 ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 {
+    ngx_http_idempotency_node_t  *node;
+
     redis->exiting = 1;
 
-    if (redis->ac) {
-        /* pending callbacks run with a NULL reply, then our cleanup */
-        redisAsyncFree(redis->ac);
+    node = redis->node;
+
+    if (node == NULL) {
+        return;
     }
 
-    if (redis->reconnect_ev.timer_set) {
-        ngx_del_timer(&redis->reconnect_ev);
+    if (node->open) {
+        /* pending callbacks run with a NULL reply */
+        ngx_http_idempotency_conn_close(node);
     }
 
-    if (redis->reset_ev.posted) {
-        ngx_delete_posted_event(&redis->reset_ev);
+    if (node->reconnect_ev.timer_set) {
+        ngx_del_timer(&node->reconnect_ev);
     }
 
-    if (redis->flush_ev.posted) {
-        ngx_delete_posted_event(&redis->flush_ev);
-    }
+    ngx_http_idempotency_node_resend(node);
+
+    ngx_http_idempotency_conn_free(node);
+    ngx_free(node);
+
+    redis->node = NULL;
 }
 
 
 static void
-ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
-    ngx_connection_t   *c;
-    redisAsyncContext  *ac;
-
-    /* numeric address or unix path only: no DNS in a worker */
-
-    if (redis->path) {
-        ac = redisAsyncConnectUnix((char *) redis->path);
-
-    } else {
-        ac = redisAsyncConnect((char *) redis->host, (int) redis->port);
-    }
-
-    if (ac == NULL) {
-        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                      "idempotency: cannot allocate a redis context");
-        ngx_http_idempotency_redis_schedule(redis);
+    if (ngx_http_idempotency_conn_open(node) != NGX_OK) {
+        ngx_http_idempotency_node_resend(node);
+        ngx_http_idempotency_redis_schedule(node);
         return;
     }
 
-    if (ac->err) {
-        if (!redis->failed) {
-            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                          "idempotency: cannot connect to redis \"%V\": %s",
-                          &redis->name, ac->errstr);
-            redis->failed = 1;
-        }
+    /* the handshake goes first, whatever queues behind it meanwhile */
 
-        redisAsyncFree(ac);
-        ngx_http_idempotency_redis_schedule(redis);
-        return;
+    ngx_http_idempotency_redis_handshake(node);
+    ngx_http_idempotency_node_resend(node);
+
+    if (node->open) {
+        ngx_http_idempotency_conn_start(node);
     }
-
-    c = ngx_get_connection(ac->c.fd, redis->log);
-    if (c == NULL) {
-        redisAsyncFree(ac);
-        ngx_http_idempotency_redis_schedule(redis);
-        return;
-    }
-
-    c->log = redis->log;
-    c->read->log = redis->log;
-    c->write->log = redis->log;
-    c->data = redis;
-    c->read->handler = ngx_http_idempotency_read_handler;
-    c->write->handler = ngx_http_idempotency_write_handler;
-    c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
-
-    redis->conn = c;
-    redis->ac = ac;
-    redis->handshake_failed = 0;
-    ac->data = redis;
-
-    /* hooks first: setting the connect callback already arms a write */
-
-    ac->ev.data = redis;
-    ac->ev.addRead = ngx_http_idempotency_add_read;
-    ac->ev.delRead = ngx_http_idempotency_del_read;
-    ac->ev.addWrite = ngx_http_idempotency_add_write;
-    ac->ev.delWrite = ngx_http_idempotency_del_write;
-    ac->ev.cleanup = ngx_http_idempotency_cleanup;
-
-    redisAsyncSetConnectCallback(ac, ngx_http_idempotency_on_connect);
-    redisAsyncSetDisconnectCallback(ac, ngx_http_idempotency_on_disconnect);
-
-    ngx_add_timer(&redis->connect_ev, redis->timeout);
-
-    ngx_http_idempotency_redis_handshake(redis);
 }
 
 
@@ -206,15 +172,18 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_t *redis)
  */
 
 static void
-ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 {
-    int                         argc;
-    u_char                      db[NGX_INT_T_LEN];
-    u_char                      name[sizeof("nginx-idempotency-")
-                                     + NGX_INT64_LEN];
-    size_t                      argvlen[3];
-    const char                 *argv[3];
-    ngx_http_idempotency_op_t  *op;
+    int                            argc;
+    u_char                         db[NGX_INT_T_LEN];
+    u_char                         name[sizeof("nginx-idempotency-")
+                                        + NGX_INT64_LEN];
+    size_t                         argvlen[3];
+    const char                    *argv[3];
+    ngx_http_idempotency_op_t     *op;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = node->redis;
 
     if (redis->password.len) {
         argc = 0;
@@ -237,7 +206,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
         op->handler = ngx_http_idempotency_handshake_done;
         op->handshake = 1;
 
-        if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
+        if (ngx_http_idempotency_node_command(node, op, argc, argv, argvlen)
             != NGX_OK)
         {
             return;
@@ -258,7 +227,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
         op->handler = ngx_http_idempotency_handshake_done;
         op->handshake = 1;
 
-        if (ngx_http_idempotency_redis_command(op, 2, argv, argvlen)
+        if (ngx_http_idempotency_node_command(node, op, 2, argv, argvlen)
             != NGX_OK)
         {
             return;
@@ -280,11 +249,13 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
     op->handler = ngx_http_idempotency_setname_done;
     op->handshake = 1;
 
-    if (ngx_http_idempotency_redis_command(op, 3, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_node_command(node, op, 3, argv, argvlen)
+        != NGX_OK)
+    {
         return;
     }
 
-    ngx_http_idempotency_redis_load_script(redis);
+    ngx_http_idempotency_node_load_script(node);
 }
 
 
@@ -292,6 +263,15 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_t *redis)
 
 void
 ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
+{
+    if (redis->node) {
+        ngx_http_idempotency_node_load_script(redis->node);
+    }
+}
+
+
+static void
+ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
 {
     size_t                      argvlen[3];
     const char                 *argv[3];
@@ -304,7 +284,7 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
     argv[2] = (const char *) ngx_http_idempotency_claim_script.data;
     argvlen[2] = ngx_http_idempotency_claim_script.len;
 
-    op = ngx_http_idempotency_op_alloc(redis);
+    op = ngx_http_idempotency_op_alloc(node->redis);
     if (op == NULL) {
         return;
     }
@@ -312,7 +292,7 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
     op->handler = ngx_http_idempotency_script_done;
     op->handshake = 1;
 
-    (void) ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
+    (void) ngx_http_idempotency_node_command(node, op, 3, argv, argvlen);
 }
 
 
@@ -326,24 +306,26 @@ static void
 ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
+    ngx_http_idempotency_node_t   *node;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = op->redis;
+    node = op->node;
 
     if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
         return;
     }
 
-    if (!redis->refused) {
+    if (!node->refused) {
         ngx_log_error(NGX_LOG_ERR, redis->log, 0,
                       "idempotency: redis \"%V\" refused the handshake: %*s",
                       &redis->name, (size_t) reply->len, reply->str);
-        redis->refused = 1;
+        node->refused = 1;
     }
 
-    redis->failed = 1;
-    redis->handshake_failed = 1;
-    ngx_http_idempotency_redis_reset(redis);
+    node->failed = 1;
+    node->handshake_failed = 1;
+    ngx_http_idempotency_node_reset(node);
 }
 
 
@@ -359,9 +341,11 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_str_t                      err;
+    ngx_http_idempotency_node_t   *node;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = op->redis;
+    node = op->node;
 
     if (reply == NULL) {
         return;
@@ -387,15 +371,15 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
 
     ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
                   "idempotency: connected to redis \"%V\"%s",
-                  &redis->name, redis->was_up ? " again" : "");
+                  &redis->name, node->was_up ? " again" : "");
 
     ngx_http_idempotency_metrics_redis_up(redis);
 
-    redis->up = 1;
-    redis->was_up = 1;
-    redis->failed = 0;
-    redis->refused = 0;
-    redis->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+    node->up = 1;
+    node->was_up = 1;
+    node->failed = 0;
+    node->refused = 0;
+    node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
 }
 
 
@@ -434,19 +418,21 @@ ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
 
 
 static void
-ngx_http_idempotency_redis_schedule(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
 {
-    if (redis->exiting || ngx_exiting || ngx_quit || ngx_terminate) {
+    if (node->redis->exiting || ngx_exiting || ngx_quit || ngx_terminate) {
         return;
     }
 
-    if (!redis->reconnect_ev.timer_set) {
-        ngx_add_timer(&redis->reconnect_ev, redis->backoff);
+    if (!node->reconnect_ev.timer_set) {
+        ngx_add_timer(&node->reconnect_ev, node->backoff);
     }
 
-    redis->backoff = ngx_min(redis->backoff * 2,
-                             NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX);
+    node->backoff = ngx_min(node->backoff * 2,
+                            NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX);
 }
+
+
 
 
 ngx_http_idempotency_op_t *
@@ -471,9 +457,12 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->request = NULL;
     op->ctx = NULL;
     op->handler = NULL;
+    op->node = NULL;
     op->rkey_len = 0;
     op->handshake = 0;
     op->store = 0;
+    op->resend = 0;
+    op->resent = 0;
 
     return op;
 }
@@ -506,29 +495,40 @@ ngx_int_t
 ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
     const char **argv, const size_t *argvlen)
 {
-    int                            i, rc;
-    u_char                        *buf, *p;
-    size_t                         len;
-    redisAsyncContext             *ac;
-    ngx_http_idempotency_redis_t  *redis;
-    u_char                         stack[NGX_HTTP_IDEMPOTENCY_CMD_STACK];
+    ngx_http_idempotency_node_t  *node;
 
-    redis = op->redis;
-    ac = redis->ac;
+    /* a cluster would pick the node of the key's slot here */
 
-    if (ac == NULL
-        || redis->handshake_failed
-        || (ac->c.flags & (REDIS_DISCONNECTING|REDIS_FREEING))
-        || redis->reset_ev.posted)
-    {
+    node = op->redis->node;
+
+    if (node == NULL) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }
 
-    /*
-     * The command is formatted here: hiredis's own formatter (sdscatfmt,
-     * growing an sds) cost more instructions than the rest of the claim.
-     */
+    return ngx_http_idempotency_node_command(node, op, argc, argv, argvlen);
+}
+
+
+/*
+ * The command is formatted straight into the node's output buffer (hiredis's
+ * own formatter, growing an sds, cost more than the rest of the claim) and
+ * written with the others of this event loop iteration by a posted event.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, int argc, const char **argv,
+    const size_t *argvlen)
+{
+    int      i;
+    u_char  *p, *start;
+    size_t   len;
+
+    if (!node->open || node->handshake_failed || node->reset_ev.posted) {
+        ngx_http_idempotency_op_free(op);
+        return NGX_ERROR;
+    }
 
     len = sizeof("*\r\n") - 1 + NGX_INT_T_LEN;
 
@@ -536,18 +536,13 @@ ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
         len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + argvlen[i];
     }
 
-    if (len <= sizeof(stack)) {
-        buf = stack;
-
-    } else {
-        buf = ngx_alloc(len, redis->log);
-        if (buf == NULL) {
-            ngx_http_idempotency_op_free(op);
-            return NGX_ERROR;
-        }
+    start = ngx_http_idempotency_conn_reserve(node, len);
+    if (start == NULL) {
+        ngx_http_idempotency_op_free(op);
+        return NGX_ERROR;
     }
 
-    p = ngx_sprintf(buf, "*%d\r\n", argc);
+    p = ngx_sprintf(start, "*%d\r\n", argc);
 
     for (i = 0; i < argc; i++) {
         p = ngx_sprintf(p, "$%uz\r\n", argvlen[i]);
@@ -556,43 +551,131 @@ ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
         *p++ = LF;
     }
 
-    rc = redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_reply, op,
-                                    (char *) buf, p - buf);
+    if (op->resend) {
+        if ((size_t) (p - start) <= sizeof(op->cmd)) {
+            op->cmd_len = p - start;
+            ngx_memcpy(op->cmd, start, op->cmd_len);
 
-    if (buf != stack) {
-        ngx_free(buf);
+        } else {
+            op->resend = 0;
+        }
     }
 
-    if (rc != REDIS_OK) {
-        ngx_http_idempotency_op_free(op);
-        return NGX_ERROR;
-    }
+    node->out_last = p;
 
-    if (redis->pending++ == 0) {
-        ngx_add_timer(&redis->watchdog_ev, redis->timeout);
-    }
+    ngx_http_idempotency_node_queue(node, op);
 
     return NGX_OK;
 }
 
 
 static void
-ngx_http_idempotency_redis_reply(redisAsyncContext *ac, void *reply,
-    void *data)
+ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op)
 {
-    ngx_http_idempotency_op_t     *op = data;
-    ngx_http_idempotency_redis_t  *redis;
+    op->node = node;
+    op->next = NULL;
+    *node->tail = op;
+    node->tail = &op->next;
 
-    redis = op->redis;
+    /* until the connection is ready, the connect timer bounds the wait */
 
-    if (--redis->pending == 0) {
-        if (redis->watchdog_ev.timer_set) {
-            ngx_del_timer(&redis->watchdog_ev);
+    if (node->pending++ == 0 && node->ready) {
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
+    }
+
+    if (node->ready && !node->flush_ev.posted) {
+        ngx_post_event(&node->flush_ev, &ngx_posted_events);
+    }
+}
+
+
+/*
+ * Claims that lost their connection before the reply go again, once, right
+ * behind the handshake of the next one: a claim is safe to repeat (its
+ * reply is then either the claim, or this request's own claim record when
+ * the first one won).  Without an open node, or for a request that has
+ * gone meanwhile, they get a NULL reply now.
+ */
+
+static void
+ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
+{
+    u_char                     *p;
+    ngx_http_idempotency_op_t  *op;
+
+    while (node->parked) {
+        op = node->parked;
+        node->parked = op->next;
+
+        p = NULL;
+
+        if (node->open && !node->handshake_failed && op->request) {
+            p = ngx_http_idempotency_conn_reserve(node, op->cmd_len);
+        }
+
+        if (p == NULL) {
+            op->handler(op, NULL);
+            ngx_http_idempotency_op_free(op);
+            continue;
+        }
+
+        node->out_last = ngx_cpymem(p, op->cmd, op->cmd_len);
+        op->resent = 1;
+
+        ngx_http_idempotency_node_queue(node, op);
+    }
+
+    node->parked_tail = &node->parked;
+}
+
+
+static void
+ngx_http_idempotency_flush_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_conn_flush(ev->data);
+}
+
+
+/*
+ * A complete reply from conn.c: it answers the oldest command sent.  A reply
+ * that no command asked for (a misbehaving proxy) resets the connection.
+ * NGX_ERROR: the node is closed, conn.c must not touch it further.
+ */
+
+ngx_int_t
+ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = node->head;
+
+    if (op == NULL) {
+        if (!node->failed) {
+            ngx_http_idempotency_redis_unsolicited(node->redis, reply);
+            node->failed = 1;
+        }
+
+        freeReplyObject(reply);
+        ngx_http_idempotency_conn_close(node);
+        return NGX_ERROR;
+    }
+
+    node->head = op->next;
+
+    if (node->head == NULL) {
+        node->tail = &node->head;
+    }
+
+    if (--node->pending == 0) {
+        if (node->watchdog_ev.timer_set) {
+            ngx_del_timer(&node->watchdog_ev);
         }
 
     } else {
         /* replies are flowing: the connection is alive */
-        ngx_add_timer(&redis->watchdog_ev, redis->timeout);
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
     }
 
     /*
@@ -601,23 +684,76 @@ ngx_http_idempotency_redis_reply(redisAsyncContext *ac, void *reply,
      * the rest of the handshake
      */
 
-    if (redis->handshake_failed) {
-        reply = NULL;
-    }
+    op->handler(op, node->handshake_failed ? NULL : reply);
 
-    op->handler(op, reply);
-
+    freeReplyObject(reply);
     ngx_http_idempotency_op_free(op);
+
+    return node->open ? NGX_OK : NGX_ERROR;
 }
 
 
-/* a stalled connection is torn down outside of any hiredis call */
+/*
+ * The connection is gone: every command sent or queued gets a NULL reply,
+ * but a claim not yet sent twice, whose request waits, is parked for the
+ * next connection.
+ */
+
+void
+ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    while (node->head) {
+        op = node->head;
+        node->head = op->next;
+
+        if (op->resend && !op->resent && op->request
+            && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
+        {
+            op->next = NULL;
+            *node->parked_tail = op;
+            node->parked_tail = &op->next;
+            continue;
+        }
+
+        op->handler(op, NULL);
+        ngx_http_idempotency_op_free(op);
+    }
+
+    node->tail = &node->head;
+    node->pending = 0;
+    node->up = 0;
+
+    if (node->watchdog_ev.timer_set) {
+        ngx_del_timer(&node->watchdog_ev);
+    }
+
+    if (node->reset_ev.posted) {
+        ngx_delete_posted_event(&node->reset_ev);
+    }
+
+    ngx_http_idempotency_metrics_redis_down(node->redis);
+    ngx_http_idempotency_redis_schedule(node);
+}
+
+
+/* a stalled connection is torn down outside of any reply handler */
 
 void
 ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis)
 {
-    if (redis->ac && !redis->reset_ev.posted) {
-        ngx_post_event(&redis->reset_ev, &ngx_posted_events);
+    if (redis->node) {
+        ngx_http_idempotency_node_reset(redis->node);
+    }
+}
+
+
+static void
+ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node)
+{
+    if (node->open && !node->reset_ev.posted) {
+        ngx_post_event(&node->reset_ev, &ngx_posted_events);
     }
 }
 
@@ -625,10 +761,10 @@ ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis)
 static void
 ngx_http_idempotency_reset_handler(ngx_event_t *ev)
 {
-    ngx_http_idempotency_redis_t  *redis = ev->data;
+    ngx_http_idempotency_node_t  *node = ev->data;
 
-    if (redis->ac) {
-        redisAsyncFree(redis->ac);
+    if (node->open) {
+        ngx_http_idempotency_conn_close(node);
     }
 }
 
@@ -636,342 +772,19 @@ ngx_http_idempotency_reset_handler(ngx_event_t *ev)
 static void
 ngx_http_idempotency_watchdog(ngx_event_t *ev)
 {
-    ngx_http_idempotency_redis_t  *redis = ev->data;
+    ngx_http_idempotency_node_t  *node = ev->data;
 
-    if (redis->pending == 0 || redis->ac == NULL) {
+    if (node->pending == 0 || !node->open) {
         return;
     }
 
-    ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+    ngx_log_error(NGX_LOG_ERR, node->redis->log, 0,
                   "idempotency: redis \"%V\" did not answer within %M ms, "
-                  "reconnecting", &redis->name, redis->timeout);
+                  "reconnecting", &node->redis->name, node->redis->timeout);
 
-    redis->failed = 1;
+    node->failed = 1;
 
-    ngx_http_idempotency_redis_reset(redis);
-}
-
-
-static void
-ngx_http_idempotency_on_connect(const redisAsyncContext *ac, int status)
-{
-    ngx_http_idempotency_redis_t  *redis = ac->data;
-
-    if (redis->connect_ev.timer_set) {
-        ngx_del_timer(&redis->connect_ev);
-    }
-
-    if (status != REDIS_OK) {
-        /* hiredis frees the context next; our cleanup reschedules */
-
-        if (!redis->failed) {
-            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                          "idempotency: cannot connect to redis \"%V\": %s",
-                          &redis->name, ac->errstr);
-            redis->failed = 1;
-        }
-
-        return;
-    }
-
-    /* the backoff and the "connected" notice wait for the handshake */
-
-    redis->connected = 1;
-}
-
-
-static void
-ngx_http_idempotency_on_disconnect(const redisAsyncContext *ac, int status)
-{
-    ngx_http_idempotency_redis_t  *redis = ac->data;
-
-    if (status == REDIS_OK || redis->exiting || redis->failed) {
-        return;
-    }
-
-    ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                  "idempotency: lost the connection to redis \"%V\": %s",
-                  &redis->name, ac->errstr);
-
-    redis->failed = 1;
-}
-
-
-static void
-ngx_http_idempotency_add_read(void *data)
-{
-    ngx_http_idempotency_redis_t  *redis = data;
-
-    ngx_connection_t  *c;
-
-    c = redis->conn;
-
-    /* level-triggered: hiredis reads 16 KB a call, the rest must re-fire */
-
-    if (c && !c->read->active) {
-        (void) ngx_add_event(c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_idempotency_del_read(void *data)
-{
-    ngx_http_idempotency_redis_t  *redis = data;
-
-    ngx_connection_t  *c;
-
-    c = redis->conn;
-
-    if (c && c->read->active) {
-        (void) ngx_del_event(c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-/*
- * Once connected, commands queued during one event loop iteration are
- * written together by a posted event at its end, without an epoll_ctl
- * round; the write event is armed only when a write leaves data behind
- * (and while connecting, as hiredis detects the connect with it).
- */
-
-static void
-ngx_http_idempotency_add_write(void *data)
-{
-    ngx_http_idempotency_redis_t  *redis = data;
-
-    ngx_connection_t  *c;
-
-    c = redis->conn;
-
-    if (c == NULL) {
-        return;
-    }
-
-    if (redis->connected && !redis->flushing) {
-        if (!redis->flush_ev.posted) {
-            ngx_post_event(&redis->flush_ev, &ngx_posted_events);
-        }
-
-        return;
-    }
-
-    if (!c->write->active) {
-        (void) ngx_add_event(c->write, NGX_WRITE_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_idempotency_flush_handler(ngx_event_t *ev)
-{
-    ngx_http_idempotency_redis_t  *redis = ev->data;
-
-    if (redis->ac == NULL) {
-        return;
-    }
-
-    /* may free the context; redis itself lives as long as the cycle */
-
-    redis->flushing = 1;
-    redisAsyncHandleWrite(redis->ac);
-    redis->flushing = 0;
-}
-
-
-static void
-ngx_http_idempotency_del_write(void *data)
-{
-    ngx_http_idempotency_redis_t  *redis = data;
-
-    ngx_connection_t  *c;
-
-    c = redis->conn;
-
-    if (c && c->write->active) {
-        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-/*
- * Called by hiredis while it frees the context, after the pending callbacks
- * and before it closes the fd: forget the context, give back the
- * connection without closing the fd, and plan the next connect.
- */
-
-static void
-ngx_http_idempotency_cleanup(void *data)
-{
-    ngx_http_idempotency_redis_t  *redis = data;
-
-    ngx_connection_t  *c;
-
-    c = redis->conn;
-
-    if (c) {
-        if (c->read->active) {
-            (void) ngx_del_event(c->read, NGX_READ_EVENT, NGX_CLOSE_EVENT);
-        }
-
-        if (c->write->active) {
-            (void) ngx_del_event(c->write, NGX_WRITE_EVENT, NGX_CLOSE_EVENT);
-        }
-
-        if (c->read->timer_set) {
-            ngx_del_timer(c->read);
-        }
-
-        if (c->write->timer_set) {
-            ngx_del_timer(c->write);
-        }
-
-        if (c->read->posted) {
-            ngx_delete_posted_event(c->read);
-        }
-
-        if (c->write->posted) {
-            ngx_delete_posted_event(c->write);
-        }
-
-        ngx_free_connection(c);
-        c->fd = (ngx_socket_t) -1;
-
-        redis->conn = NULL;
-    }
-
-    redis->ac = NULL;
-    redis->connected = 0;
-    redis->up = 0;
-    redis->pending = 0;
-
-    if (redis->connect_ev.timer_set) {
-        ngx_del_timer(&redis->connect_ev);
-    }
-
-    if (redis->watchdog_ev.timer_set) {
-        ngx_del_timer(&redis->watchdog_ev);
-    }
-
-    if (redis->reset_ev.posted) {
-        ngx_delete_posted_event(&redis->reset_ev);
-    }
-
-    if (redis->flush_ev.posted) {
-        ngx_delete_posted_event(&redis->flush_ev);
-    }
-
-    ngx_http_idempotency_metrics_redis_down(redis);
-    ngx_http_idempotency_redis_schedule(redis);
-}
-
-
-/*
- * Replies are matched to their commands here rather than in hiredis 0.14's
- * redisProcessCallbacks(), which abort()s the worker on a reply that no
- * command asked for (a misbehaving proxy).  Only the public API is used:
- * the reader, and the callback list of async.h.
- */
-
-static void
-ngx_http_idempotency_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t              *c = ev->data;
-    ngx_http_idempotency_redis_t  *redis = c->data;
-
-    redisAsyncContext  *ac;
-    redisCallbackFn    *fn;
-    redisCallback      *cb;
-    void               *reply, *privdata;
-
-    ac = redis->ac;
-
-    if (ac == NULL) {
-        return;
-    }
-
-    if (!(ac->c.flags & REDIS_CONNECTED)) {
-        /*
-         * complete the connect as a write event does (hiredis may free the
-         * context); being level-triggered, the read event fires again
-         */
-        ngx_http_idempotency_write_handler(c->write);
-        return;
-    }
-
-    if (redisBufferRead(&ac->c) != REDIS_OK) {
-        if (!redis->failed) {
-            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                          "idempotency: lost the connection to redis "
-                          "\"%V\": %s", &redis->name, ac->c.errstr);
-            redis->failed = 1;
-        }
-
-        redisAsyncFree(ac);
-        return;
-    }
-
-    for ( ;; ) {
-        if (redisGetReplyFromReader(&ac->c, &reply) != REDIS_OK) {
-            if (!redis->failed) {
-                ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                              "idempotency: redis \"%V\" sent an invalid "
-                              "reply: %s, reconnecting",
-                              &redis->name, ac->c.errstr);
-                redis->failed = 1;
-            }
-
-            redisAsyncFree(ac);
-            return;
-        }
-
-        if (reply == NULL) {
-            return;
-        }
-
-        cb = ac->replies.head;
-
-        if (cb == NULL) {
-            if (!redis->failed) {
-                ngx_http_idempotency_redis_unsolicited(redis, reply);
-                redis->failed = 1;
-            }
-
-            freeReplyObject(reply);
-
-            /* pending commands, if any, get a NULL reply */
-            redisAsyncFree(ac);
-            return;
-        }
-
-        ac->replies.head = cb->next;
-
-        if (cb->next == NULL) {
-            ac->replies.tail = NULL;
-        }
-
-        fn = cb->fn;
-        privdata = cb->privdata;
-
-        /* hiredis 0.14 allocates callbacks with malloc() */
-        free(cb);
-
-        /* as hiredis does: a redisAsyncFree() inside only marks the context */
-
-        if (fn) {
-            ac->c.flags |= REDIS_IN_CALLBACK;
-            fn(ac, reply, privdata);
-            ac->c.flags &= ~REDIS_IN_CALLBACK;
-        }
-
-        freeReplyObject(reply);
-
-        if (ac->c.flags & REDIS_FREEING) {
-            redisAsyncFree(ac);
-            return;
-        }
-    }
+    ngx_http_idempotency_node_reset(node);
 }
 
 
@@ -1004,34 +817,28 @@ ngx_http_idempotency_redis_unsolicited(ngx_http_idempotency_redis_t *redis,
 }
 
 
-static void
-ngx_http_idempotency_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t              *c = ev->data;
-    ngx_http_idempotency_redis_t  *redis = c->data;
-
-    if (redis->ac) {
-        redis->flushing = 1;
-        redisAsyncHandleWrite(redis->ac);
-        redis->flushing = 0;
-    }
-}
-
+/* resolving, connecting or the TLS handshake took too long */
 
 static void
 ngx_http_idempotency_connect_timeout(ngx_event_t *ev)
 {
-    ngx_http_idempotency_redis_t  *redis = ev->data;
+    ngx_http_idempotency_node_t  *node = ev->data;
 
-    if (!redis->failed) {
-        ngx_log_error(NGX_LOG_ERR, redis->log, NGX_ETIMEDOUT,
-                      "idempotency: timed out connecting to redis \"%V\"",
-                      &redis->name);
-        redis->failed = 1;
+    if (!node->failed) {
+        ngx_log_error(NGX_LOG_ERR, node->redis->log, NGX_ETIMEDOUT,
+                      "idempotency: timed out %s redis \"%V\"",
+                      node->resolving ? "resolving"
+                      : node->connected ? "in the TLS handshake with"
+                      : "connecting to", &node->redis->name);
+        node->failed = 1;
     }
 
-    if (redis->ac) {
-        redisAsyncFree(redis->ac);
+    /* the next attempt tries the next address */
+
+    node->addr++;
+
+    if (node->open) {
+        ngx_http_idempotency_conn_close(node);
     }
 }
 
@@ -1039,13 +846,13 @@ ngx_http_idempotency_connect_timeout(ngx_event_t *ev)
 static void
 ngx_http_idempotency_reconnect(ngx_event_t *ev)
 {
-    ngx_http_idempotency_redis_t  *redis = ev->data;
+    ngx_http_idempotency_node_t  *node = ev->data;
 
-    if (redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
-        || redis->ac)
+    if (node->redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
+        || node->open)
     {
         return;
     }
 
-    ngx_http_idempotency_redis_connect(redis);
+    ngx_http_idempotency_redis_connect(node);
 }

@@ -15,7 +15,7 @@ echo_so=/usr/lib/nginx/modules/ngx_http_echo_module.so
 export TEST_NGINX_LOAD_MODULES="$module $echo_so"
 export TEST_NGINX_SERVROOT=${TEST_NGINX_SERVROOT:-$top/t/servroot}
 
-asan_dir=/tmp/ngx-idempotency-asan
+asan_dir=${TEST_ASAN_DIR:-/tmp/ngx-idempotency-asan}
 if [ -n "${TEST_ASAN:-}" ]; then
     # the stock nginx is not instrumented: preload the runtime; its own
     # leaks at exit are nginx's (pools freed by the OS), not ours

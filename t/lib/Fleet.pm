@@ -16,7 +16,8 @@ use Exporter 'import';
 
 our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
                  http_post http_burst lines_of log_problems redis_cli
-                 redis_cli_at redis_pid have_module settled);
+                 redis_cli_at redis_pid have_module settled pay_server
+                 upstream_runs);
 
 my $root;
 
@@ -225,6 +226,42 @@ sub redis_cli_at {
     my $out = `redis-cli -p $port $cmd 2>/dev/null`;
     chomp $out;
     return $out;
+}
+
+# pay_server(name, port, directives): an http body with a server on port
+# whose /pay is protected and proxied to its own /backend, which logs each
+# request's Idempotency-Key to logs/backend.log (see upstream_runs)
+sub pay_server {
+    my ($name, $port, $directives) = @_;
+    return <<"EOC";
+    log_format backend '\$http_idempotency_key';
+    server {
+        listen 127.0.0.1:$port;
+        $directives
+        location = /pay {
+            idempotency on;
+            add_header X-Idem \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+        location = /backend {
+            access_log $root/$name/logs/backend.log backend;
+            return 201 "ok\\n";
+        }
+    }
+EOC
+}
+
+# upstream_runs(dir): how many times the backend of pay_server ran, by key;
+# it logs once its connection closes, which may be after our answer
+sub upstream_runs {
+    my $dir = shift;
+    sleep 0.2;
+    my %n;
+    for (lines_of("$dir/logs/backend.log")) {
+        chomp;
+        $n{$_}++;
+    }
+    return \%n;
 }
 
 sub redis_pid {
