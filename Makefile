@@ -85,7 +85,8 @@ clean:
 # (t/lib/DnsStub.pm). `make test` runs them too, among all the others;
 # the module's own TLS, Cluster, Sentinel and WAIT tests join this list
 # as they are written.
-TOPOLOGY_TESTS = t/028-dns-stub.t t/029-topologies.t
+TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
+                 t/028-dns-stub.t t/029-topologies.t
 
 .PHONY: test-topologies
 
