@@ -64,9 +64,23 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     u.default_port = 6379;
 
     if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid redis address \"%V\"%s%s", &redis->name,
-                           u.err ? ": " : "", u.err ? u.err : "");
+
+        /* merging runs at the end of http{}: name the directive's line */
+
+        if (redis->conf_line) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "invalid redis address \"%V\"%s%s in %V:%ui",
+                          &redis->name, u.err ? ": " : "",
+                          u.err ? u.err : "", &redis->conf_file,
+                          redis->conf_line);
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid redis address \"%V\"%s%s",
+                               &redis->name, u.err ? ": " : "",
+                               u.err ? u.err : "");
+        }
+
         return NGX_ERROR;
     }
 

@@ -854,6 +854,11 @@ ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
     redis->password = *password;
     redis->tls = tls;
 
+    if (cf->conf_file && cf->conf_file->file.fd != NGX_INVALID_FILE) {
+        redis->conf_file = cf->conf_file->file.name;
+        redis->conf_line = cf->conf_file->line;
+    }
+
     /*
      * A name is resolved when the configuration is merged: with the http
      * resolver on each connect if one is configured where it is used, else

@@ -181,6 +181,8 @@ struct ngx_http_idempotency_redis_s {
     ngx_uint_t                       used;       /* unsigned  used:1; */
     ngx_resolver_t                  *resolver;   /* NULL: addrs only */
     ngx_msec_t                       resolver_timeout;
+    ngx_str_t                        conf_file;  /* where it is written */
+    ngx_uint_t                       conf_line;
 
     ngx_uint_t                       tls;        /* unsigned  tls:1; */
 #if (NGX_HTTP_SSL)
