@@ -178,9 +178,13 @@ sub clients_of {
 # $accepts): "-ERR max number..." is what a full Redis sends.
 sub fake_redis {
     my ($port, $greeting, $accepts) = @_;
-    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
-                                  Listen => 16, ReuseAddr => 1)
-        or die "fake redis: $!";
+    my $l;
+    for (1 .. 30) {     # a previous fake may still be going away
+        $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
+                                   Listen => 16, ReuseAddr => 1) and last;
+        sleep 0.1;
+    }
+    $l or die "fake redis on $port: $!";
     my $pid = fork // die "fork: $!";
     return $pid if $pid;
 

@@ -229,7 +229,7 @@ my %want = (
 # a request is counted in its log phase, which may come a moment after its
 # client read the response (lingering close), and a store when its reply
 # arrives: wait until one scrape shows them all
-sub settled {
+sub scrape_settled {
     my ($want) = @_;
     my $deadline = time + 3 * $slow;
     while (time < $deadline) {
@@ -242,7 +242,7 @@ sub settled {
 
 sub check_counts {
     my ($label, $want) = @_;
-    settled($want);
+    scrape_settled($want);
     my ($s, $workers, $diff) = scrape_all();
     is($workers, 2, "$label: both workers answered scrapes");
     is_deeply($diff, [], "$label: every scrape shows the same counts");
@@ -364,7 +364,7 @@ EOC
     sleep 0.02;
     is(post("delayed-$t", 'x')->{status}, 200, "a claim Redis delays");
     waitpid $pid, 0;
-    settled({ "${lat}_count" => $before->{"${lat}_count"} + 1 });
+    scrape_settled({ "${lat}_count" => $before->{"${lat}_count"} + 1 });
     my $m = scrape()->{m};
     is($m->{"${lat}_bucket{le=\"0.1\"}"},
        $before->{"${lat}_bucket{le=\"0.1\"}"}, "...not within 0.1 s");

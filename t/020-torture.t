@@ -160,6 +160,7 @@ my $run = "r" . int(time);
         }
         $bad_bodies++ if keys %b != 1;
     }
+    settled(sub { scalar grep { /-storm-/ } keys %{ execs() } });
     my $n = execs();
     my @twice = grep { /-storm-/ && $n->{$_} != 1 } keys %$n;
     my $ran = grep { /^$run-storm-/ } keys %$n;
