@@ -10,6 +10,9 @@
 #   ($idempotency_status error), and the key stays free
 # - a store whose WAIT is not acknowledged is logged at error level with
 #   the key hash, the client and the request line
+# - a claim sent again after its connection broke (the WAIT behind it lost
+#   with it) is followed by a WAIT of its own: acknowledged, new; replica
+#   paused, 503 and released
 # - nginx -t refuses bad values and a TIMEOUT that does not fit in
 #   idempotency_redis_timeout, inherited or not
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
@@ -19,6 +22,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use CutProxy;
 use IO::Socket::INET;
 use IO::Select;
 use Time::HiRes qw(sleep time);
@@ -33,17 +37,18 @@ $ENV{TOPO_DIR} ||= '/tmp/idem-topo-wait';
 my $master = $base + 51;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 my $np = $ENV{WAIT_TEST_PORT} || 26300;
-my ($reject_port, $pass_port, $store_port, $backend_port)
-    = ($np, $np + 1, $np + 2, $np + 3);
+my ($reject_port, $pass_port, $store_port, $backend_port, $proxy_port,
+    $resend_port) = map { $np + $_ } 0 .. 5;
 my $topo = 'util/topology.sh';
 
-my ($up, $backend_pid, $dir);
+my ($up, $backend_pid, $proxy_pid, $dir);
 
 # whatever happens, nothing stays running (down continues a paused replica)
 END {
     local $?;
     nginx_stop($dir) if $dir;
     kill 'KILL', $backend_pid if $backend_pid;
+    kill 'KILL', $proxy_pid if $proxy_pid;
     system("$topo down replica >/dev/null 2>&1") if $up;
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
@@ -152,15 +157,20 @@ if ($backend_pid == 0) {
     exit 0;
 }
 
-my $redis = "idempotency_redis 127.0.0.1:$master;"
-          . " idempotency_redis_timeout 2s;"
-          . " idempotency_redis_wait 1 400ms;";
+# cuts the connection of a claim's SET (and its WAIT) after Redis ran it
+$proxy_pid = cut_proxy($proxy_port, $master, "$root/cut");
+
+my $wait = " idempotency_redis_timeout 2s; idempotency_redis_wait 1 400ms;";
+my $redis = "idempotency_redis 127.0.0.1:$master;$wait";
 
 $dir = nginx_conf('wait',
     pay_server('wait', $reject_port, $redis)
     # the same backend log, declared once
     . (pay_server('wait', $pass_port,
                   "$redis idempotency_on_redis_error pass;")
+       =~ s/^\s*log_format.*\n//mr)
+    . (pay_server('wait', $resend_port,
+                  "idempotency_redis 127.0.0.1:$proxy_port;$wait")
        =~ s/^\s*log_format.*\n//mr)
     . <<"EOC", 1);
     server {
@@ -253,6 +263,27 @@ topo('replica-resume');
 
 $r = http_post($store_port, 'store-1', 'x', '/slow', undef, 5);
 is(idem_status($r), '201 replay', "the record itself was stored on the master");
+
+# 4. the claim's connection breaks after Redis ran the claim and its WAIT:
+# the claim is sent again, finds its own claim, and asks WAIT itself
+cut('after', 1);
+$r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "claim sent again: acknowledged, new");
+is(runs('resend-1'), 1, "the upstream ran once");
+$r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 replay', "a retry replays");
+
+topo('replica-pause');
+cut('after', 1);
+$r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
+is(idem_status($r), '503 error',
+   "claim sent again, replica paused: its own WAIT fails, 503");
+cmp_ok($r->{took}, '>=', 0.38, "after the WAIT timeout ($r->{took} s)");
+is(runs('resend-2'), 0, "the upstream did not run");
+topo('replica-resume');
+$r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "the claim was released: new");
+is(runs('resend-2'), 1, "and runs once");
 
 is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
 
