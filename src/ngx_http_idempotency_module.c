@@ -544,10 +544,6 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                              "");
     ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
 
-    if (ngx_http_idempotency_wait_merge(cf, prev, conf) != NGX_CONF_OK) {
-        return NGX_CONF_ERROR;
-    }
-
     if (conf->redis == NULL) {
         conf->redis = prev->redis;
         conf->redis_default = prev->redis_default;
@@ -580,6 +576,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         {
             conf->redis->timeout = conf->redis_timeout;
         }
+    }
+
+    if (ngx_http_idempotency_wait_merge(cf, prev, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
     }
 
     ngx_conf_merge_value(conf->tls_verify, prev->tls_verify, 1);

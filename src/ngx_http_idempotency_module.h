@@ -192,6 +192,7 @@ struct ngx_http_idempotency_redis_s {
 #endif
 
     ngx_http_idempotency_node_t     *node;       /* per worker */
+    ngx_msec_t                       wait_timeout;   /* the longest WAIT */
     ngx_uint_t                       claim_mode;
     ngx_log_t                       *log;
 

@@ -94,7 +94,10 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
 /*
  * The claim's deadline is idempotency_redis_timeout, and WAIT holds the
  * connection for up to its TIMEOUT: a TIMEOUT that does not fit in it would
- * turn every unacknowledged claim into a timeout and a reconnect.
+ * turn every unacknowledged claim into a timeout and a reconnect.  The
+ * connection's watchdog is the smallest idempotency_redis_timeout of the
+ * places that use the target, so every WAIT on it must fit in that too;
+ * checked whenever either changes, so the last merge sees both final.
  */
 
 char *
@@ -102,6 +105,8 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *prev,
     ngx_http_idempotency_loc_conf_t *conf)
 {
+    ngx_http_idempotency_redis_t  *redis;
+
     ngx_conf_merge_uint_value(conf->redis_wait, prev->redis_wait, 0);
     ngx_conf_merge_msec_value(conf->redis_wait_timeout,
                               prev->redis_wait_timeout, 100);
@@ -112,6 +117,26 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
                            "must be shorter than \"idempotency_redis_timeout\""
                            " (%M ms)", conf->redis_wait_timeout,
                            conf->redis_timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!conf->enable) {
+        return NGX_CONF_OK;
+    }
+
+    redis = conf->redis;
+
+    if (conf->redis_wait && conf->redis_wait_timeout > redis->wait_timeout) {
+        redis->wait_timeout = conf->redis_wait_timeout;
+    }
+
+    if (redis->wait_timeout && redis->wait_timeout >= redis->timeout) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "an \"idempotency_redis_wait\" timeout (%M ms) "
+                           "on redis \"%V\" must be shorter than the "
+                           "smallest \"idempotency_redis_timeout\" (%M ms) "
+                           "of the places that use it",
+                           redis->wait_timeout, &redis->name, redis->timeout);
         return NGX_CONF_ERROR;
     }
 

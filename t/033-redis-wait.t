@@ -95,6 +95,12 @@ EOC
     return ($out =~ /test is successful/ ? 1 : 0, $out);
 }
 
+# another protected location on the same Redis
+my $other_server = sub {
+    return "server { listen 127.0.0.1:$pass_port; location / {"
+         . " idempotency on; $_[0] } }";
+};
+
 my @bad = (
     ['', 'idempotency_redis_wait x;',
      qr/"idempotency_redis_wait" expects "off" or a number of replicas of 1 or more, not "x"/],
@@ -113,6 +119,15 @@ my @bad = (
     # inherited from http{}, checked against the location's own timeout
     ['idempotency_redis_wait 1 500ms;', 'idempotency_redis_timeout 300ms;',
      qr/\(500 ms\) must be shorter than "idempotency_redis_timeout" \(300 ms\)/],
+    # the connection's watchdog is the smallest timeout of the places that
+    # use the same Redis: a WAIT elsewhere must fit in it, in either order
+    [$other_server->('idempotency_redis_timeout 300ms;'),
+     'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;',
+     qr/an "idempotency_redis_wait" timeout \(500 ms\) on redis "127\.0\.0\.1:$master" must be shorter than the smallest "idempotency_redis_timeout" \(300 ms\) of the places that use it/],
+    [$other_server->('idempotency_redis_timeout 2s; '
+                     . 'idempotency_redis_wait 1 500ms;'),
+     'idempotency_redis_timeout 300ms;',
+     qr/\(500 ms\) on redis "127\.0\.0\.1:$master" must be shorter than the smallest "idempotency_redis_timeout" \(300 ms\)/],
 );
 
 for my $c (@bad) {
@@ -126,7 +141,12 @@ for my $c (['', 'idempotency_redis_wait 1;'],
            ['', 'idempotency_redis_wait off;'],
            ['idempotency_redis_wait 1 50ms;', ''],
            ['idempotency_redis_wait 1 2s; idempotency_redis_timeout 3s;',
-            'idempotency_redis_wait off;'])
+            'idempotency_redis_wait off;'],
+           # a shorter timeout where no WAIT is sent is no watchdog issue
+           # for a location that is off
+           ["server { listen 127.0.0.1:$pass_port; location / {"
+            . " idempotency_redis_timeout 300ms; } }",
+            'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;'])
 {
     my ($ok, $out) = nginx_t(@$c);
     ok($ok, "nginx -t accepts: $c->[0] $c->[1]") or diag $out;
