@@ -157,7 +157,7 @@ for my $c (['', 'idempotency_redis_wait 1;'],
 $up = 1;
 topo('up', 'replica') or BAIL_OUT('no replica topology');
 
-# a backend that answers after 1 s: time to pause the replica meanwhile
+# a backend that answers after 1.5 s: time to pause the replica meanwhile
 $backend_pid = fork // die "fork: $!";
 if ($backend_pid == 0) {
     my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$backend_port",
@@ -169,7 +169,7 @@ if ($backend_pid == 0) {
             sysread($c, my $b, 4096) or last;
             $req .= $b;
         }
-        sleep 1;
+        sleep 1.5 * $slow;
         print $c "HTTP/1.1 201 Created\r\nContent-Length: 5\r\n"
             . "Connection: close\r\n\r\nslow\n";
         close $c;
