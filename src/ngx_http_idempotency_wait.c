@@ -35,9 +35,9 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
+    ngx_msec_t  timeout;
     ngx_int_t   n;
     ngx_str_t  *value;
-    ngx_msec_t  timeout;
 
     if (ilcf->redis_wait != NGX_CONF_UNSET_UINT) {
         return "is duplicate";
