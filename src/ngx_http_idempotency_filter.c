@@ -414,6 +414,10 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
     ngx_http_idempotency_finish_key(ctx->redis, &ctx->rkey, ctx->claim,
                                     value, len, ttl, &info, log);
+
+    if (value) {
+        ngx_http_idempotency_wait_store(ctx, &info);
+    }
 }
 
 

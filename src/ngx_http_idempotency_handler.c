@@ -33,14 +33,12 @@ static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_own_claim(redisReply *reply,
     u_char *claim);
-static void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_reject(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem);
 static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
-static void ngx_http_idempotency_wake(ngx_http_request_t *r);
 static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_cleanup(void *data);
 
@@ -479,6 +477,8 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     ctx->op = op;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
+    ngx_http_idempotency_wait_send(r, ctx);
+
     ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
 
     return NGX_AGAIN;
@@ -512,11 +512,16 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ctx = op->ctx;
     ctx->op = NULL;
 
+    ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
+
+    if (ngx_http_idempotency_wait_hold(r, ctx) == NGX_AGAIN) {
+        /* won: the replicas acknowledge it first, under the same timer */
+        return;
+    }
+
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);
     }
-
-    ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
 
     ngx_http_idempotency_wake(r);
 }
@@ -651,7 +656,7 @@ ngx_http_idempotency_own_claim(redisReply *reply, u_char *claim)
 }
 
 
-static void
+void
 ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
 {
     ngx_str_t  rkey;
@@ -778,7 +783,7 @@ ngx_http_idempotency_suspend(ngx_http_request_t *r,
 }
 
 
-static void
+void
 ngx_http_idempotency_wake(ngx_http_request_t *r)
 {
     ngx_connection_t  *c;
@@ -817,6 +822,8 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
         ctx->op = NULL;
     }
 
+    ngx_http_idempotency_wait_detach(ctx);
+
     ngx_log_error(NGX_LOG_ERR, r->connection->log, NGX_ETIMEDOUT,
                   "idempotency: redis \"%V\" timed out",
                   &ctx->redis->name);
@@ -839,6 +846,8 @@ ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
         ctx->op->request = NULL;
         ctx->op = NULL;
     }
+
+    ngx_http_idempotency_wait_detach(ctx);
 
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);

@@ -208,6 +208,15 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
       &ngx_http_idempotency_on_error },
 
+    /* wait.c */
+
+    { ngx_string("idempotency_redis_wait"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_idempotency_redis_wait,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     /* metrics.c */
 
     { ngx_string("idempotency_metrics"),
@@ -488,6 +497,8 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
     conf->dry_run = NGX_CONF_UNSET;
     conf->tls_verify = NGX_CONF_UNSET;
+    conf->redis_wait = NGX_CONF_UNSET_UINT;
+    conf->redis_wait_timeout = NGX_CONF_UNSET_MSEC;
 
     return conf;
 }
@@ -565,6 +576,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         {
             conf->redis->timeout = conf->redis_timeout;
         }
+    }
+
+    if (ngx_http_idempotency_wait_merge(cf, prev, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
     }
 
     ngx_conf_merge_value(conf->tls_verify, prev->tls_verify, 1);

@@ -194,6 +194,7 @@ struct ngx_http_idempotency_redis_s {
 #endif
 
     ngx_http_idempotency_node_t     *node;       /* per worker */
+    ngx_msec_t                       wait_timeout;   /* the longest WAIT */
     ngx_uint_t                       claim_mode;
     ngx_log_t                       *log;
 
@@ -231,6 +232,10 @@ typedef struct {
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
     ngx_flag_t                       dry_run;
+
+    /* wait.c: WAIT after a claim and a store; 0: off */
+    ngx_uint_t                       redis_wait;
+    ngx_msec_t                       redis_wait_timeout;
 
     /* the TLS of the Redis connection, applied to conf->redis */
     ngx_flag_t                       tls_verify;
@@ -280,6 +285,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_http_idempotency_loc_conf_t *conf;
     ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_op_t       *op;
+    ngx_http_idempotency_op_t       *wait_op;    /* sent behind the claim */
 
     ngx_uint_t                       state;
     ngx_uint_t                       go;
@@ -339,6 +345,10 @@ struct ngx_http_idempotency_op_s {
     /* redis.c: the command as sent, when resend is set */
     size_t                           cmd_len;
     u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
+
+    /* wait.c: the acknowledgements asked for; set by wait.c alone */
+    ngx_uint_t                       replicas;
+    unsigned                         won:1;      /* the claim it follows */
 };
 
 
@@ -359,6 +369,8 @@ ngx_uint_t ngx_http_idempotency_store_status_ok(
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
+void ngx_http_idempotency_wake(ngx_http_request_t *r);
+void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
 
 /* reply.c */
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
@@ -494,6 +506,20 @@ void ngx_http_idempotency_metrics_redis_up(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_metrics_redis_down(
     ngx_http_idempotency_redis_t *redis);
+
+/* wait.c: WAIT N TIMEOUT, replicas acknowledge a claim or a store */
+char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *prev,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
+    ngx_str_t *info);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;

@@ -9,8 +9,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
-use IO::Socket::INET;
-use IO::Select;
+use CutProxy;
 use Time::HiRes qw(sleep time);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
@@ -21,76 +20,7 @@ my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 my ($proxy_port, $port) = (20780, 20781);
 
 my $root = fleet_root('redisresend');
-my $cut = "$root/cut";
-
-# cut(mode, times): the next `times` connections that carry a SET are cut,
-# "before" the SET reaches Redis or "after" Redis ran it
-sub cut {
-    my ($mode, $times) = @_;
-    open my $fh, '>', "$cut.tmp" or die $!;
-    print $fh "$mode $times\n";
-    close $fh;
-    rename "$cut.tmp", $cut or die $!;
-}
-
-cut('none', 0);
-
-my $proxy_pid = fork // die "fork: $!";
-if ($proxy_pid == 0) {
-    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$proxy_port",
-                                  Listen => 16, ReuseAddr => 1)
-        or die "proxy: $!";
-    my $sel = IO::Select->new($l);
-    my %peer;
-    my $close = sub {
-        my $s = shift;
-        my $p = delete $peer{$s};
-        delete $peer{$p} if $p;
-        for ($s, $p) {
-            next unless $_;
-            $sel->remove($_);
-            close $_;
-        }
-    };
-    while (1) {
-        for my $s ($sel->can_read) {
-            if ($s == $l) {
-                my $c = $l->accept or next;
-                my $r = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$rp")
-                    or do { close $c; next };
-                $peer{$c} = $r;
-                $peer{$r} = $c;
-                ${*$c}{client} = 1;
-                $sel->add($c, $r);
-                next;
-            }
-            my $n = sysread($s, my $buf, 65536);
-            if (!$n) {
-                $close->($s);
-                next;
-            }
-            my $p = $peer{$s} or next;
-            if (${*$s}{client} && $buf =~ /\$3\r\nSET\r\n/) {
-                open my $fh, '<', $cut or die $!;
-                my ($mode, $times) = split ' ', scalar <$fh>;
-                close $fh;
-                if ($times > 0) {
-                    open $fh, '>', $cut or die $!;
-                    print $fh "$mode ", $times - 1, "\n";
-                    close $fh;
-                    if ($mode eq 'after') {
-                        syswrite($p, $buf);
-                        sleep 0.1;    # Redis runs it; its reply is lost
-                    }
-                    $close->($s);
-                    next;
-                }
-            }
-            syswrite($p, $buf);
-        }
-    }
-    exit 0;
-}
+my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cut");
 
 my $dir = nginx_conf('resend',
     pay_server('resend', $port, "idempotency_redis 127.0.0.1:$proxy_port;"

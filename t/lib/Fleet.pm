@@ -273,4 +273,13 @@ sub redis_pid {
     return $pid;
 }
 
+# idem_status(response of http_post) -> "201 new": the status code and the
+# X-Idem header ($idempotency_status) that pay_server adds
+push @EXPORT, 'idem_status';
+sub idem_status {
+    my $r = shift;
+    my ($idem) = $r->{head} =~ /X-Idem: (\w+)/;
+    return "$r->{status} " . ($idem // '-');
+}
+
 1;

@@ -1,0 +1,424 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * idempotency_redis_wait: WAIT N TIMEOUT after a won claim, and after a
+ * store.  WAIT counts the writes of the connection that sends it, so it
+ * always goes on the connection of the claim, pipelined right behind it.
+ * A claim the replicas did not acknowledge is released and is an error;
+ * a store they did not acknowledge is logged.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_issue(
+    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, ngx_str_t *info);
+static ngx_int_t ngx_http_idempotency_wait_command(
+    ngx_http_idempotency_op_t *op, ngx_http_idempotency_loc_conf_t *conf);
+static ngx_int_t ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
+    redisReply *reply, ngx_log_t *log, ngx_str_t *info);
+static void ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
+    ngx_str_t *info, u_char *buf);
+static void ngx_http_idempotency_wait_claim_done(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_wait_store_done(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+
+
+/* idempotency_redis_wait off | N [TIMEOUT] */
+
+char *
+ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_msec_t  timeout;
+    ngx_int_t   n;
+    ngx_str_t  *value;
+
+    if (ilcf->redis_wait != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+
+        if (cf->args->nelts == 3) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis_wait off\" takes no "
+                               "timeout, not \"%V\"", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+
+        ilcf->redis_wait = 0;
+        ilcf->redis_wait_timeout = 100;
+        return NGX_CONF_OK;
+    }
+
+    n = ngx_atoi(value[1].data, value[1].len);
+
+    if (n == NGX_ERROR || n == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_wait\" expects \"off\" or "
+                           "a number of replicas of 1 or more, not \"%V\"",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    timeout = 100;
+
+    if (cf->args->nelts == 3) {
+        timeout = ngx_parse_time(&value[2], 0);
+
+        /* WAIT with 0 blocks the connection for ever */
+
+        if (timeout == (ngx_msec_t) NGX_ERROR || timeout == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis_wait\" timeout must be "
+                               "at least 1ms, not \"%V\"", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ilcf->redis_wait = n;
+    ilcf->redis_wait_timeout = timeout;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * The claim's deadline is idempotency_redis_timeout, and WAIT holds the
+ * connection for up to its TIMEOUT: a TIMEOUT that does not fit in it would
+ * turn every unacknowledged claim into a timeout and a reconnect.  The
+ * connection's watchdog is the smallest idempotency_redis_timeout of the
+ * places that use the target, so every WAIT on it must fit in that too;
+ * checked whenever either changes, so the last merge sees both final.
+ */
+
+char *
+ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *prev,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    ngx_conf_merge_uint_value(conf->redis_wait, prev->redis_wait, 0);
+    ngx_conf_merge_msec_value(conf->redis_wait_timeout,
+                              prev->redis_wait_timeout, 100);
+
+    if (conf->redis_wait && conf->redis_wait_timeout >= conf->redis_timeout) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "the \"idempotency_redis_wait\" timeout (%M ms) "
+                           "must be shorter than \"idempotency_redis_timeout\""
+                           " (%M ms)", conf->redis_wait_timeout,
+                           conf->redis_timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!conf->enable) {
+        return NGX_CONF_OK;
+    }
+
+    redis = conf->redis;
+
+    if (conf->redis_wait && conf->redis_wait_timeout > redis->wait_timeout) {
+        redis->wait_timeout = conf->redis_wait_timeout;
+    }
+
+    if (redis->wait_timeout && redis->wait_timeout >= redis->timeout) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "an \"idempotency_redis_wait\" timeout (%M ms) "
+                           "on redis \"%V\" must be shorter than the "
+                           "smallest \"idempotency_redis_timeout\" (%M ms) "
+                           "of the places that use it",
+                           redis->wait_timeout, &redis->name, redis->timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_wait_command(ngx_http_idempotency_op_t *op,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    u_char       n[NGX_INT_T_LEN], t[NGX_INT_T_LEN];
+    size_t       argvlen[3];
+    const char  *argv[3];
+
+    op->replicas = conf->redis_wait;
+    op->won = 0;
+
+    argv[0] = "WAIT";
+    argvlen[0] = 4;
+    argv[1] = (const char *) n;
+    argvlen[1] = ngx_sprintf(n, "%ui", conf->redis_wait) - n;
+    argv[2] = (const char *) t;
+    argvlen[2] = ngx_sprintf(t, "%M", conf->redis_wait_timeout) - t;
+
+    return ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
+}
+
+
+/*
+ * Sent with every claim when the directive is on, and acted upon only if
+ * the claim is won: a replay, 409 or 422 does not wait for its reply.
+ */
+
+void
+ngx_http_idempotency_wait_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ctx->wait_op = ngx_http_idempotency_wait_issue(r, ctx, NULL);
+}
+
+
+/*
+ * Right behind the store, on its connection; fire and forget: the response
+ * is already on its way, so fewer acknowledgements are only logged.  A
+ * store that could not be sent was logged already.
+ */
+
+void
+ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
+    ngx_str_t *info)
+{
+    (void) ngx_http_idempotency_wait_issue(NULL, ctx, info);
+}
+
+
+/* r: WAIT for the claim of r; else for a store, logged with info */
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *info)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    if (!ctx->conf->redis_wait) {
+        return NULL;
+    }
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    if (r) {
+        op->request = r;
+        op->ctx = ctx;
+        op->handler = ngx_http_idempotency_wait_claim_done;
+        op->zone = ctx->conf->metrics_zone;
+        op->info_len = 0;
+        ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+    } else {
+        op->handler = ngx_http_idempotency_wait_store_done;
+        op->info_len = info->len;
+        ngx_memcpy(op->info, info->data, info->len);
+    }
+
+    /* the key: a cluster sends WAIT to the node of the key */
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+
+    if (ngx_http_idempotency_wait_command(op, ctx->conf) != NGX_OK) {
+        return NULL;
+    }
+
+    return op;
+}
+
+
+/*
+ * Called with the claim's decision.  NGX_AGAIN: the claim is won and the
+ * request now waits for WAIT's reply, under the claim's own timer.
+ */
+
+ngx_int_t
+ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_str_t                   info;
+    ngx_http_idempotency_op_t  *op;
+    u_char                      buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_OWNER || !ctx->conf->redis_wait) {
+        ngx_http_idempotency_wait_detach(ctx);
+        return NGX_DECLINED;
+    }
+
+    if (ctx->wait_op == NULL) {
+        /*
+         * the WAIT sent with the claim went with its connection, and the
+         * claim was sent again: ask on the connection that answered it
+         */
+        ngx_http_idempotency_wait_send(r, ctx);
+    }
+
+    op = ctx->wait_op;
+
+    if (op == NULL) {
+        ngx_http_idempotency_wait_info(ctx, &info, buf);
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot send WAIT to redis \"%V\", "
+                      "the claim is released, %V", &ctx->redis->name, &info);
+
+        ngx_http_idempotency_release(r, ctx);
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        return NGX_DECLINED;
+    }
+
+    /* from now on, a request that goes away releases the claim */
+
+    op->won = 1;
+    ctx->wait_op = NULL;
+    ctx->op = op;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
+
+    return NGX_AGAIN;
+}
+
+
+/* the request no longer waits: a late reply finds nothing to do */
+
+void
+ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx)
+{
+    if (ctx->wait_op) {
+        ctx->wait_op->request = NULL;
+        ctx->wait_op = NULL;
+    }
+}
+
+
+static void
+ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t                    info;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+    u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    r = op->request;
+
+    if (r == NULL) {
+        /* a won claim whose request went away never ran: free the key */
+
+        if (op->won) {
+            ngx_http_idempotency_release_orphan(op);
+        }
+
+        return;
+    }
+
+    ctx = op->ctx;
+
+    if (!op->won) {
+        /* the claim is not answered yet: this WAIT went with its connection */
+        ctx->wait_op = NULL;
+        return;
+    }
+
+    ctx->op = NULL;
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    ngx_http_idempotency_wait_info(ctx, &info, buf);
+
+    if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log, &info)
+        != NGX_OK)
+    {
+        ngx_http_idempotency_release(r, ctx);
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    ngx_http_idempotency_wake(r);
+}
+
+
+/* the request's log names the client and the request line already */
+
+static void
+ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
+    ngx_str_t *info, u_char *buf)
+{
+    info->data = buf;
+    info->len = ngx_sprintf(buf, "key hash %*s",
+                            (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                            ngx_http_idempotency_key_hash(ctx))
+                - buf;
+}
+
+
+/* NGX_OK: enough replicas acknowledged; else the reason is logged */
+
+static ngx_int_t
+ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
+    redisReply *reply, ngx_log_t *log, ngx_str_t *info)
+{
+    const char  *what;
+
+    what = op->won ? "claim, released" : "stored record";
+
+    if (reply == NULL) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" went away before WAIT "
+                      "answered for the %s, %V", &op->redis->name, what,
+                      info);
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER
+        && reply->integer >= (long long) op->replicas)
+    {
+        return NGX_OK;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\": %L of %ui replicas "
+                      "acknowledged the %s, %V", &op->redis->name,
+                      (int64_t) reply->integer, op->replicas, what, info);
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" refused WAIT: %*s, "
+                      "for the %s, %V", &op->redis->name,
+                      (size_t) reply->len, reply->str, what, info);
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, log, 0,
+                  "idempotency: unexpected redis reply type %d to WAIT, "
+                  "for the %s, %V", reply->type, what, info);
+
+    return NGX_ERROR;
+}
+
+
+static void
+ngx_http_idempotency_wait_store_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t  info;
+
+    info.data = op->info;
+    info.len = op->info_len;
+
+    (void) ngx_http_idempotency_wait_acked(op, reply, op->redis->log, &info);
+}

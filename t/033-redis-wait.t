@@ -1,0 +1,310 @@
+# idempotency_redis_wait N [TIMEOUT]: after a won claim, WAIT N TIMEOUT on
+# the claim's connection. On util/topology.sh's replica topology (a master
+# and its replica):
+# - replica up: WAIT 1 is acknowledged, claims work (new, replay, one run)
+# - replica paused (SIGSTOP): a claim is answered 503 after about the WAIT
+#   timeout, the upstream does not run, the claim is released (a retry is
+#   503 again, not 409), and after the replica resumes the key is new
+# - a replay is delivered without waiting for WAIT
+# - with idempotency_on_redis_error pass: the request runs unprotected
+#   ($idempotency_status error), and the key stays free
+# - a store whose WAIT is not acknowledged is logged at error level with
+#   the key hash, the client and the request line
+# - a claim sent again after its connection broke (the WAIT behind it lost
+#   with it) is followed by a WAIT of its own: acknowledged, new; replica
+#   paused, 503 and released
+# - nginx -t refuses bad values and a TIMEOUT that does not fit in
+#   idempotency_redis_timeout, inherited or not
+# Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
+# master 26051, replica 26052), nginx and a slow backend at 26300-26309.
+use strict;
+use warnings;
+use lib 't/lib';
+use Test::More;
+use Fleet;
+use CutProxy;
+use IO::Socket::INET;
+use IO::Select;
+use Time::HiRes qw(sleep time);
+
+plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
+    unless have_module();
+plan skip_all => 'redis-server is needed' unless `which redis-server`;
+
+my $base = $ENV{TOPO_BASE} || 26000;
+$ENV{TOPO_BASE} = $base;
+$ENV{TOPO_DIR} ||= '/tmp/idem-topo-wait';
+my $master = $base + 51;
+my $slow = $ENV{TEST_ASAN} ? 4 : 1;
+my $np = $ENV{WAIT_TEST_PORT} || 26300;
+my ($reject_port, $pass_port, $store_port, $backend_port, $proxy_port,
+    $resend_port) = map { $np + $_ } 0 .. 5;
+my $topo = 'util/topology.sh';
+
+my ($up, $backend_pid, $proxy_pid, $dir);
+
+# whatever happens, nothing stays running (down continues a paused replica)
+END {
+    local $?;
+    nginx_stop($dir) if $dir;
+    kill 'KILL', $backend_pid if $backend_pid;
+    kill 'KILL', $proxy_pid if $proxy_pid;
+    system("$topo down replica >/dev/null 2>&1") if $up;
+}
+$SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
+
+sub topo {
+    my $out = `$topo @_ 2>&1`;
+    my $ok = $? == 0;
+    chomp $out;
+    ok($ok, "topology.sh @_") or diag $out;
+    return $ok;
+}
+
+my $root = fleet_root('redis-wait');
+
+# ------------------------------------------------------------ nginx -t
+
+my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
+my ($module) = grep { /idempotency/ }
+               split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+
+# nginx_t(inside of http{}, inside of location{}) -> (ok, output)
+sub nginx_t {
+    my ($http, $loc) = @_;
+    open my $fh, '>', "$root/t.conf" or die $!;
+    print $fh <<"EOC";
+load_module $module;
+error_log $root/t.log;
+pid $root/t.pid;
+events {}
+http {
+    idempotency_redis 127.0.0.1:$master;
+    $http
+    server {
+        listen 127.0.0.1:$reject_port;
+        location / {
+            idempotency on;
+            $loc
+        }
+    }
+}
+EOC
+    close $fh;
+    my $out = `$nginx -t -p $root/ -c $root/t.conf 2>&1`;
+    return ($out =~ /test is successful/ ? 1 : 0, $out);
+}
+
+# another protected location on the same Redis
+my $other_server = sub {
+    return "server { listen 127.0.0.1:$pass_port; location / {"
+         . " idempotency on; $_[0] } }";
+};
+
+my @bad = (
+    ['', 'idempotency_redis_wait x;',
+     qr/"idempotency_redis_wait" expects "off" or a number of replicas of 1 or more, not "x"/],
+    ['', 'idempotency_redis_wait 0;', qr/not "0"/],
+    ['', 'idempotency_redis_wait -1;', qr/not "-1"/],
+    ['', 'idempotency_redis_wait 1x;', qr/not "1x"/],
+    ['', 'idempotency_redis_wait 1 0;',
+     qr/"idempotency_redis_wait" timeout must be at least 1ms, not "0"/],
+    ['', 'idempotency_redis_wait 1 soon;', qr/not "soon"/],
+    ['', 'idempotency_redis_wait off 10ms;', qr/takes no timeout/],
+    ['', 'idempotency_redis_wait 1 1 1;', qr/invalid number of arguments/],
+    ['', 'idempotency_redis_wait 1; idempotency_redis_wait 2;',
+     qr/is duplicate/],
+    ['', 'idempotency_redis_wait 1 1s;',
+     qr/the "idempotency_redis_wait" timeout \(1000 ms\) must be shorter than "idempotency_redis_timeout" \(1000 ms\)/],
+    # inherited from http{}, checked against the location's own timeout
+    ['idempotency_redis_wait 1 500ms;', 'idempotency_redis_timeout 300ms;',
+     qr/\(500 ms\) must be shorter than "idempotency_redis_timeout" \(300 ms\)/],
+    # the connection's watchdog is the smallest timeout of the places that
+    # use the same Redis: a WAIT elsewhere must fit in it, in either order
+    [$other_server->('idempotency_redis_timeout 300ms;'),
+     'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;',
+     qr/an "idempotency_redis_wait" timeout \(500 ms\) on redis "127\.0\.0\.1:$master" must be shorter than the smallest "idempotency_redis_timeout" \(300 ms\) of the places that use it/],
+    [$other_server->('idempotency_redis_timeout 2s; '
+                     . 'idempotency_redis_wait 1 500ms;'),
+     'idempotency_redis_timeout 300ms;',
+     qr/\(500 ms\) on redis "127\.0\.0\.1:$master" must be shorter than the smallest "idempotency_redis_timeout" \(300 ms\)/],
+);
+
+for my $c (@bad) {
+    my ($ok, $out) = nginx_t($c->[0], $c->[1]);
+    ok(!$ok, "nginx -t refuses: $c->[0] $c->[1]");
+    like($out, $c->[2], "...and says why") or diag $out;
+}
+
+for my $c (['', 'idempotency_redis_wait 1;'],
+           ['', 'idempotency_redis_wait 2 250ms;'],
+           ['', 'idempotency_redis_wait off;'],
+           ['idempotency_redis_wait 1 50ms;', ''],
+           ['idempotency_redis_wait 1 2s; idempotency_redis_timeout 3s;',
+            'idempotency_redis_wait off;'],
+           # a shorter timeout where no WAIT is sent is no watchdog issue
+           # for a location that is off
+           ["server { listen 127.0.0.1:$pass_port; location / {"
+            . " idempotency_redis_timeout 300ms; } }",
+            'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;'])
+{
+    my ($ok, $out) = nginx_t(@$c);
+    ok($ok, "nginx -t accepts: $c->[0] $c->[1]") or diag $out;
+}
+
+# ------------------------------------------------------------ topology
+
+$up = 1;
+topo('up', 'replica') or BAIL_OUT('no replica topology');
+
+# a backend that answers after 1.5 s: time to pause the replica meanwhile
+$backend_pid = fork // die "fork: $!";
+if ($backend_pid == 0) {
+    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$backend_port",
+                                  Listen => 16, ReuseAddr => 1)
+        or die "backend: $!";
+    while (my $c = $l->accept) {
+        my $req = '';
+        while ($req !~ /\r\n\r\n/) {
+            sysread($c, my $b, 4096) or last;
+            $req .= $b;
+        }
+        sleep 1.5 * $slow;
+        print $c "HTTP/1.1 201 Created\r\nContent-Length: 5\r\n"
+            . "Connection: close\r\n\r\nslow\n";
+        close $c;
+    }
+    exit 0;
+}
+
+# cuts the connection of a claim's SET (and its WAIT) after Redis ran it
+$proxy_pid = cut_proxy($proxy_port, $master, "$root/cut");
+
+my $wait = " idempotency_redis_timeout 2s; idempotency_redis_wait 1 400ms;";
+my $redis = "idempotency_redis 127.0.0.1:$master;$wait";
+
+$dir = nginx_conf('wait',
+    pay_server('wait', $reject_port, $redis)
+    # the same backend log, declared once
+    . (pay_server('wait', $pass_port,
+                  "$redis idempotency_on_redis_error pass;")
+       =~ s/^\s*log_format.*\n//mr)
+    . (pay_server('wait', $resend_port,
+                  "idempotency_redis 127.0.0.1:$proxy_port;$wait")
+       =~ s/^\s*log_format.*\n//mr)
+    . <<"EOC", 1);
+    server {
+        listen 127.0.0.1:$store_port;
+        $redis
+        location = /slow {
+            idempotency on;
+            add_header X-Idem \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$backend_port;
+        }
+    }
+EOC
+nginx_start($dir);
+sleep 0.3 * $slow;
+
+sub runs {
+    return upstream_runs($dir)->{$_[0]} // 0;
+}
+
+sub wait_errors {
+    return grep { /\[error\].*replicas acknowledged/ }
+           lines_of("$dir/logs/error.log");
+}
+
+# 1. the replica acknowledges: claims work as without WAIT
+my $r = http_post($reject_port, 'up-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "replica up: the claim is acknowledged, new");
+$r = http_post($reject_port, 'up-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 replay', "a retry replays");
+is(runs('up-1'), 1, "the upstream ran once");
+is(scalar wait_errors(), 0, "no WAIT failure logged");
+
+# 2. the replica paused: WAIT returns 0 after its timeout
+topo('replica-pause');
+
+$r = http_post($reject_port, 'paused-1', 'x', undef, undef, 5);
+is(idem_status($r), '503 error', "replica paused: the claim is refused, 503");
+cmp_ok($r->{took}, '>=', 0.38, "after the WAIT timeout ($r->{took} s)");
+cmp_ok($r->{took}, '<', 1.5 * $slow, "not after idempotency_redis_timeout");
+is(runs('paused-1'), 0, "the upstream did not run");
+like(join('', wait_errors()),
+     qr/0 of 1 replicas acknowledged the claim, released, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, server: , request: "POST \/pay HTTP\/1\.1"/,
+     "logged with the key hash, the client and the request");
+
+$r = http_post($reject_port, 'paused-1', 'x', undef, undef, 5);
+is(idem_status($r), '503 error',
+   "the claim was released: a retry claims again (503, not 409)");
+
+# a replay does not wait for WAIT
+$r = http_post($reject_port, 'up-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 replay', "replica paused: a stored key still replays");
+cmp_ok($r->{took}, '<', 0.3 * $slow, "at once ($r->{took} s)");
+
+# pass: the request runs unprotected
+$r = http_post($pass_port, 'paused-pass', 'x', undef, undef, 5);
+is(idem_status($r), '201 error', "with pass: the request runs unprotected");
+is(runs('paused-pass'), 1, "the upstream ran");
+
+topo('replica-resume');
+
+$r = http_post($reject_port, 'paused-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "replica resumed: the released key is new");
+is(runs('paused-1'), 1, "and runs once");
+$r = http_post($pass_port, 'paused-pass', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "the key that ran unprotected was never stored");
+is(runs('paused-pass'), 2, "so it runs again");
+
+# 3. a store whose WAIT fails: the claim was acknowledged, then the replica
+# stops while the upstream works
+my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$store_port",
+                              Timeout => 5) or die "connect: $!";
+print $s "POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    . "Idempotency-Key: store-1\r\nContent-Length: 1\r\n\r\nx";
+sleep 0.4 * $slow;
+topo('replica-pause');
+my $res = '';
+my $sel = IO::Select->new($s);
+my $deadline = time + 5;
+while (time < $deadline && $sel->can_read($deadline - time)) {
+    sysread($s, my $b, 65536) or last;
+    $res .= $b;
+}
+like($res, qr{^HTTP/1\.1 201 .*X-Idem: new}s,
+     "the claim was acknowledged before the pause: new");
+sleep 0.6 * $slow;    # the WAIT timeout, after the store
+like(join('', wait_errors()),
+     qr/\[error\].*0 of 1 replicas acknowledged the stored record, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, request: "POST \/slow HTTP\/1\.1"/,
+     "a store the replica did not acknowledge is logged at error level");
+topo('replica-resume');
+
+$r = http_post($store_port, 'store-1', 'x', '/slow', undef, 5);
+is(idem_status($r), '201 replay', "the record itself was stored on the master");
+
+# 4. the claim's connection breaks after Redis ran the claim and its WAIT:
+# the claim is sent again, finds its own claim, and asks WAIT itself
+cut('after', 1);
+$r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "claim sent again: acknowledged, new");
+is(runs('resend-1'), 1, "the upstream ran once");
+$r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 replay', "a retry replays");
+
+topo('replica-pause');
+cut('after', 1);
+$r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
+is(idem_status($r), '503 error',
+   "claim sent again, replica paused: its own WAIT fails, 503");
+cmp_ok($r->{took}, '>=', 0.38, "after the WAIT timeout ($r->{took} s)");
+is(runs('resend-2'), 0, "the upstream did not run");
+topo('replica-resume');
+$r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "the claim was released: new");
+is(runs('resend-2'), 1, "and runs once");
+
+is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
+
+done_testing();

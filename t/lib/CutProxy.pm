@@ -1,0 +1,91 @@
+package CutProxy;
+
+# A TCP proxy in front of a Redis that cuts the connection around a claim's
+# SET: "before" the SET reaches Redis, or "after" Redis ran it (its reply
+# is lost). The mode is read from a file at every SET, so the test changes
+# it at run time with cut(). A forked child; the caller kills it.
+
+use strict;
+use warnings;
+use IO::Socket::INET;
+use IO::Select;
+use Time::HiRes qw(sleep);
+use Exporter 'import';
+
+our @EXPORT = qw(cut_proxy cut);
+
+my $file;
+
+# cut(mode, times): the next `times` connections that carry a SET are cut
+sub cut {
+    my ($mode, $times) = @_;
+    open my $fh, '>', "$file.tmp" or die $!;
+    print $fh "$mode $times\n";
+    close $fh;
+    rename "$file.tmp", $file or die $!;
+}
+
+# cut_proxy(listen port, redis port, mode file) -> pid
+sub cut_proxy {
+    my ($port, $rp, $f) = @_;
+    $file = $f;
+    cut('none', 0);
+    my $pid = fork // die "fork: $!";
+    return $pid if $pid;
+
+    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
+                                  Listen => 16, ReuseAddr => 1)
+        or die "proxy: $!";
+    my $sel = IO::Select->new($l);
+    my %peer;
+    my $close = sub {
+        my $s = shift;
+        my $p = delete $peer{$s};
+        delete $peer{$p} if $p;
+        for ($s, $p) {
+            next unless $_;
+            $sel->remove($_);
+            close $_;
+        }
+    };
+    while (1) {
+        for my $s ($sel->can_read) {
+            if ($s == $l) {
+                my $c = $l->accept or next;
+                my $r = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$rp")
+                    or do { close $c; next };
+                $peer{$c} = $r;
+                $peer{$r} = $c;
+                ${*$c}{client} = 1;
+                $sel->add($c, $r);
+                next;
+            }
+            my $n = sysread($s, my $buf, 65536);
+            if (!$n) {
+                $close->($s);
+                next;
+            }
+            my $p = $peer{$s} or next;
+            if (${*$s}{client} && $buf =~ /\$3\r\nSET\r\n/) {
+                open my $fh, '<', $file or die $!;
+                my ($mode, $times) = split ' ', scalar <$fh>;
+                close $fh;
+                if ($times > 0) {
+                    open $fh, '>', $file or die $!;
+                    print $fh "$mode ", $times - 1, "\n";
+                    close $fh;
+                    if ($mode eq 'after') {
+                        syswrite($p, $buf);
+                        sleep 0.1;    # Redis runs it; its reply is lost
+                    }
+                    $close->($s);
+                    next;
+                }
+            }
+            syswrite($p, $buf);
+        }
+    }
+    exit 0;
+}
+
+1;
