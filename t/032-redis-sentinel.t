@@ -14,6 +14,9 @@
 # - the Sentinels all killed: the master keeps serving, past the 10 s
 #   refresh
 # - no key ever ran twice upstream, and no worker crashed
+# - configuration errors: several addresses without sentinel=, a
+#   sentinel_user= alone, an empty name, a bad address, tls without a
+#   name to verify
 # Plain Test::More; ports TOPO_BASE+31..+43 (Redis) and TOPO_BASE+300..
 # +303 (nginx), TOPO_BASE defaulting to 25000.
 use strict;
@@ -78,10 +81,11 @@ sub wait_until {
     return 0;
 }
 
-# traffic(port, tag) -> stop(): one request every 50 ms with a new key
-# each, "key status" lines in a file until stop() returns them
+# traffic(port, tag, pause) -> stop(): a request every pause seconds
+# (50 ms by default) with a new key each, "key status" lines in a file
+# until stop() returns them
 sub traffic {
-    my ($p, $tag) = @_;
+    my ($p, $tag, $pause) = @_;
     my $file = fleet_root_file("traffic-$tag");
     my $pid = fork // die;
     if ($pid == 0) {
@@ -92,7 +96,7 @@ sub traffic {
         for (my $i = 0; ; $i++) {
             my $r = http_post($p, "$tag-$i", "amount=$i", undef, undef, 5);
             print $fh "$tag-$i $r->{status}\n";
-            sleep 0.05;
+            sleep($pause // 0.05);
         }
     }
     return sub {
@@ -104,6 +108,31 @@ sub traffic {
 
 my $root = fleet_root('sentinel');
 sub fleet_root_file { "$root/$_[0]" }
+
+# configuration errors, before any Redis runs
+
+sub conf_error {
+    my ($args) = @_;
+    my $d = nginx_conf('conf', pay_server('conf', $port,
+                                          "idempotency_redis $args;"), 1);
+    my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    return scalar `$bin -t -p $d/ -c conf/nginx.conf 2>&1`;
+}
+
+like(conf_error('127.0.0.1:1 127.0.0.1:2'),
+     qr/several addresses need "sentinel=NAME"/, 'several addresses alone');
+like(conf_error('127.0.0.1:1 sentinel=m sentinel_user=u'),
+     qr/"sentinel_user=" requires "sentinel_password="/,
+     'sentinel_user= alone');
+like(conf_error('127.0.0.1:1 sentinel='),
+     qr/"sentinel=" needs a master name/, 'sentinel= without a name');
+like(conf_error('999.1.1.1:1 sentinel=m'),
+     qr/invalid sentinel address "999\.1\.1\.1:1"/, 'a bad Sentinel address');
+like(conf_error('127.0.0.1:1 127.0.0.1:2 sentinel=m tls'),
+     qr/needs "idempotency_redis_tls_name"/,
+     'tls with Sentinel needs idempotency_redis_tls_name');
+like(conf_error('127.0.0.1:1 sentinel=m user=u password=p db=3'),
+     qr/test is successful/, 'a valid Sentinel configuration');
 
 $up = 1;
 topo('up', 'sentinel');
@@ -182,7 +211,10 @@ ok(cli($master, 'DBSIZE') > 0, 'the record is on the master');
 
 # graceful failover under light traffic
 
-my $stop = traffic($port, 'graceful');
+# two clients, 5 ms apart: a request is always on its way, and one that
+# found the master's node closed at the switch would get 503
+my @stops = (traffic($port, 'graceful', 0.005),
+             traffic($port, 'graceful2', 0.005));
 sleep 0.5;
 my $t_switch = time;
 my $out = topo('sentinel-failover', '--switch-only');
@@ -194,7 +226,7 @@ ok(wait_until(5, sub { followed($master) >= 2 }),
 note sprintf 'followed %.1f s after the failover was asked',
              time - $t_switch;
 sleep 0.3;
-my @graceful = $stop->();
+my @graceful = map { $_->() } @stops;
 
 my ($w_old, $db_new) = (writes($old), cli($master, 'DBSIZE'));
 my $role_old = (split /\n/, cli($old, 'ROLE'))[0];
@@ -226,7 +258,7 @@ ok(wait_until(20, sub { (split /\n/, cli($old, 'ROLE'))[0] eq 'slave' }),
 
 # kill -9 of the master
 
-$stop = traffic($port, 'killed');
+my $stop = traffic($port, 'killed');
 sleep 0.5;
 my $t_kill = time;
 topo('sentinel-kill-master');
