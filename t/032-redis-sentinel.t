@@ -193,10 +193,13 @@ my $dir = nginx_conf('main', pay_server('main', $port,
 nginx_start($dir);
 my $log = "$dir/logs/error.log";
 
+# followed(port, since): the workers' lines that name port as the master,
+# after the first since lines of the log
 sub followed {
-    my $to = shift;
+    my ($to, $since) = @_;
+    my @l = lines_of($log);
     return grep { /the master is (?:now )?127\.0\.0\.1:$to\b/ }
-           lines_of($log);
+           @l[($since // 0) .. $#l];
 }
 
 ok(wait_until(5, sub { followed($master) >= 2 }),
@@ -209,6 +212,15 @@ $r = http_post($port, 'disc-1', 'x');
 like($r->{head}, qr/X-Idem: replay/, 'discovery: replay');
 ok(cli($master, 'DBSIZE') > 0, 'the record is on the master');
 
+# a reload: the old workers let go of both connections, the new ones
+# find the master again
+my $mark = () = lines_of($log);
+nginx_signal($dir, 'reload');
+ok(wait_until(10, sub { followed($master, $mark) >= 2 }),
+   'after a reload, the new workers found the master');
+$r = http_post($port, 'disc-1', 'x');
+like($r->{head}, qr/X-Idem: replay/, 'after a reload: replay');
+
 # graceful failover under light traffic
 
 # two clients, 5 ms apart: a request is always on its way, and one that
@@ -216,12 +228,13 @@ ok(cli($master, 'DBSIZE') > 0, 'the record is on the master');
 my @stops = (traffic($port, 'graceful', 0.005),
              traffic($port, 'graceful2', 0.005));
 sleep 0.5;
+$mark = () = lines_of($log);
 my $t_switch = time;
 my $out = topo('sentinel-failover', '--switch-only');
 my $old = $master;
 $master = master_port();
 isnt($master, $old, "failover: $old -> $master");
-ok(wait_until(5, sub { followed($master) >= 2 }),
+ok(wait_until(5, sub { followed($master, $mark) >= 2 }),
    'both workers followed the switch without a reload');
 note sprintf 'followed %.1f s after the failover was asked',
              time - $t_switch;
@@ -260,12 +273,13 @@ ok(wait_until(20, sub { (split /\n/, cli($old, 'ROLE'))[0] eq 'slave' }),
 
 my $stop = traffic($port, 'killed');
 sleep 0.5;
+$mark = () = lines_of($log);
 my $t_kill = time;
 topo('sentinel-kill-master');
 $old = $master;
 $master = master_port();
 isnt($master, $old, "kill -9: $old -> $master");
-ok(wait_until(5, sub { followed($master) >= 2 }),
+ok(wait_until(5, sub { followed($master, $mark) >= 2 }),
    'both workers followed the new master');
 my $back;
 ok(wait_until(5, sub {
