@@ -12,7 +12,8 @@
 #   keys land on the new one
 # - kill -9 of the master: 503s only until the switch, then 201s
 # - the Sentinels all killed: the master keeps serving, past the 10 s
-#   refresh
+#   refresh; made a replica by hand then, it answers READONLY: 503, the
+#   request not run
 # - no key ever ran twice upstream, and no worker crashed
 # - configuration errors: several addresses without sentinel=, a
 #   sentinel_user= alone, an empty name, a bad address, tls without a
@@ -319,11 +320,24 @@ cmp_ok(scalar(@lone), '>', 10, 'Sentinels down: requests were sent');
 $r = http_post($port, 'lone-0', 'x');
 like($r->{head}, qr/X-Idem: replay/, 'Sentinels down: replay');
 
+# and then the master made a replica by hand, unseen by any Sentinel:
+# a claim answered READONLY is a 503, and is not run
+my ($other) = grep { $_ != $master && $_ != $old } @data;
+cli($other, qw(REPLICAOF NO ONE));
+cli($master, qw(REPLICAOF 127.0.0.1), $other);
+ok(wait_until(5, sub { (split /\n/, cli($master, 'ROLE'))[0] eq 'slave' }),
+   "$master is a replica of $other");
+$r = http_post($port, 'readonly-1', 'x');
+is($r->{status}, 503, 'a claim answered READONLY: 503');
+$r = http_post($port, 'lone-0', 'x');
+is($r->{status}, 503, 'a retry too: the claim is a write (SET NX GET)');
+
 # no key ran twice
 
 my $runs = upstream_runs($dir);
 is(join(',', grep { $runs->{$_} > 1 } sort keys %$runs), '',
    'no key ran twice upstream');
+ok(!$runs->{'readonly-1'}, 'the READONLY claim did not run');
 cmp_ok(scalar(keys %$runs), '>', 20, 'the backend ran');
 
 nginx_stop($dir);
