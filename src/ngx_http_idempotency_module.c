@@ -721,10 +721,9 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
-    ngx_str_t                     *value, user, password;
-    ngx_int_t                      n;
-    ngx_uint_t                     i, db, tls, naddrs, sentinel;
-    ngx_http_idempotency_redis_t   master;
+    ngx_str_t   *value, user, password;
+    ngx_int_t    n;
+    ngx_uint_t   i, db, tls, naddrs, sentinel;
 
     if (ilcf->redis) {
         return "is duplicate";
@@ -809,15 +808,11 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     if (sentinel || naddrs > 1) {
-        master.db = db;
-        master.user = user;
-        master.password = password;
-        master.tls = tls;
-
         ilcf->redis = ngx_http_idempotency_sentinel_conf(cf, &value[1],
                                                          naddrs,
                                                          cf->args->nelts - 1,
-                                                         &master);
+                                                         db, &user, &password,
+                                                         tls);
 
         return ilcf->redis ? NGX_CONF_OK : NGX_CONF_ERROR;
     }

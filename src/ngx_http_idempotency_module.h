@@ -448,7 +448,7 @@ ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
 /* sentinel.c: the master of a Redis Sentinel setup */
 ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
     ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
-    ngx_http_idempotency_redis_t *conf);
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls);
 ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis);

@@ -68,17 +68,18 @@ static ngx_int_t ngx_http_idempotency_sentinel_send(
 /*
  * "idempotency_redis HOST:PORT ... sentinel=NAME [sentinel_user=U]
  * [sentinel_password=P] [user= password= db= tls]": args are the
- * directive's arguments, the first naddrs of them the Sentinels; conf
- * carries db, user, password and tls for the master
+ * directive's arguments, the first naddrs of them the Sentinels; db,
+ * user, password and tls, parsed by module.c, are the master's
  */
 
 ngx_http_idempotency_redis_t *
 ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
-    ngx_uint_t naddrs, ngx_uint_t nargs, ngx_http_idempotency_redis_t *conf)
+    ngx_uint_t naddrs, ngx_uint_t nargs, ngx_uint_t db, ngx_str_t *user,
+    ngx_str_t *password, ngx_uint_t tls)
 {
     u_char                             *p;
     size_t                              len;
-    ngx_str_t                           master, user, password;
+    ngx_str_t                           master, suser, spassword;
     ngx_uint_t                          i;
     ngx_array_t                         addrs;
     ngx_http_idempotency_redis_t       *redis, *sentinels, **rp;
@@ -86,8 +87,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     ngx_http_idempotency_main_conf_t   *imcf;
 
     ngx_str_null(&master);
-    ngx_str_null(&user);
-    ngx_str_null(&password);
+    ngx_str_null(&suser);
+    ngx_str_null(&spassword);
 
     len = 0;
 
@@ -99,13 +100,13 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
             master.len = args[i].len - 9;
 
         } else if (ngx_strncmp(args[i].data, "sentinel_user=", 14) == 0) {
-            user.data = args[i].data + 14;
-            user.len = args[i].len - 14;
+            suser.data = args[i].data + 14;
+            suser.len = args[i].len - 14;
 
         } else if (ngx_strncmp(args[i].data, "sentinel_password=", 18) == 0)
         {
-            password.data = args[i].data + 18;
-            password.len = args[i].len - 18;
+            spassword.data = args[i].data + 18;
+            spassword.len = args[i].len - 18;
         }
     }
 
@@ -117,7 +118,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
         return NULL;
     }
 
-    if (user.len && password.len == 0) {
+    if (suser.len && spassword.len == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"sentinel_user=\" requires "
                            "\"sentinel_password=\"");
@@ -182,10 +183,10 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     /* the master: found at run time, so no address of its own */
 
     redis->name = master;
-    redis->db = conf->db;
-    redis->user = conf->user;
-    redis->password = conf->password;
-    redis->tls = conf->tls;
+    redis->db = db;
+    redis->user = *user;
+    redis->password = *password;
+    redis->tls = tls;
     redis->sentinel = s;
 
     /* the Sentinels: plain TCP, tried in turn by conn.c */
@@ -200,8 +201,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
 
     sentinels->addrs = addrs.elts;
     sentinels->naddrs = addrs.nelts;
-    sentinels->user = user;
-    sentinels->password = password;
+    sentinels->user = suser;
+    sentinels->password = spassword;
     sentinels->sentinel = s;
 
     s->redis = redis;
