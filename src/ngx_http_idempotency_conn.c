@@ -42,6 +42,11 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     ngx_url_t                  u;
     ngx_http_core_loc_conf_t  *clcf;
 
+    if (redis->sentinel) {
+        /* the Sentinels name the master's address at run time */
+        return NGX_OK;
+    }
+
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
     if (redis->resolver == NULL

@@ -738,7 +738,7 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value, user, password;
     ngx_int_t    n;
-    ngx_uint_t   i, db, tls;
+    ngx_uint_t   i, db, tls, naddrs, sentinel;
 
     if (ilcf->redis) {
         return "is duplicate";
@@ -748,10 +748,22 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     db = 0;
     tls = 0;
+    sentinel = 0;
     ngx_str_null(&user);
     ngx_str_null(&password);
 
-    for (i = 2; i < cf->args->nelts; i++) {
+    /* more addresses before the parameters: Sentinels */
+
+    for (naddrs = 1; naddrs + 1 < cf->args->nelts; naddrs++) {
+        if (ngx_strlchr(value[naddrs + 1].data,
+                        value[naddrs + 1].data + value[naddrs + 1].len, '=')
+            || ngx_strcmp(value[naddrs + 1].data, "tls") == 0)
+        {
+            break;
+        }
+    }
+
+    for (i = naddrs + 1; i < cf->args->nelts; i++) {
 
         if (ngx_strncmp(value[i].data, "db=", 3) == 0) {
             n = ngx_atoi(value[i].data + 3, value[i].len - 3);
@@ -795,6 +807,12 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
+        if (ngx_strncmp(value[i].data, "sentinel", 8) == 0) {
+            /* sentinel=, sentinel_user=, sentinel_password= */
+            sentinel = 1;
+            continue;
+        }
+
         goto invalid;
     }
 
@@ -802,6 +820,16 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"user=\" requires \"password=\"");
         return NGX_CONF_ERROR;
+    }
+
+    if (sentinel || naddrs > 1) {
+        ilcf->redis = ngx_http_idempotency_sentinel_conf(cf, &value[1],
+                                                         naddrs,
+                                                         cf->args->nelts - 1,
+                                                         db, &user, &password,
+                                                         tls);
+
+        return ilcf->redis ? NGX_CONF_OK : NGX_CONF_ERROR;
     }
 
     ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,

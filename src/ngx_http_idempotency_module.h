@@ -105,6 +105,8 @@ typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
 
 
 typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
+typedef struct ngx_http_idempotency_sentinel_s
+    ngx_http_idempotency_sentinel_t;
 
 
 /*
@@ -195,6 +197,7 @@ struct ngx_http_idempotency_redis_s {
 
     ngx_http_idempotency_node_t     *node;       /* per worker */
     ngx_msec_t                       wait_timeout;   /* the longest WAIT */
+    ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
     ngx_uint_t                       claim_mode;
     ngx_log_t                       *log;
 
@@ -452,6 +455,22 @@ void ngx_http_idempotency_ops_done(void);
 ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply);
 void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, int argc, const char **argv,
+    const size_t *argvlen);
+
+/* sentinel.c: the master of a Redis Sentinel setup */
+ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
+    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls);
+ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_sentinel_handshake(
+    ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_sentinel_reply(
+    ngx_http_idempotency_node_t *node, redisReply *reply);
+void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
 
 /* conn.c: one connection, its bytes and its replies */
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,

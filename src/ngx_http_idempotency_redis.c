@@ -28,9 +28,6 @@ static void ngx_http_idempotency_redis_handshake(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_node_load_script(
     ngx_http_idempotency_node_t *node);
-static ngx_int_t ngx_http_idempotency_node_command(
-    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
-    int argc, const char **argv, const size_t *argvlen);
 static void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op);
 static void ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node);
@@ -57,6 +54,7 @@ ngx_int_t
 ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
+    ngx_int_t                     rc;
     ngx_http_idempotency_node_t  *node;
 
     redis->log = cycle->log;
@@ -109,6 +107,15 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 
     redis->node = node;
 
+    if (redis->sentinel) {
+        /* the master's address comes from the Sentinels */
+        rc = ngx_http_idempotency_sentinel_init(cycle, redis);
+
+        if (rc != NGX_DECLINED) {
+            return rc;
+        }
+    }
+
     ngx_http_idempotency_redis_connect(node);
 
     return NGX_OK;
@@ -121,6 +128,10 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
     ngx_http_idempotency_node_t  *node;
 
     redis->exiting = 1;
+
+    if (redis->sentinel) {
+        ngx_http_idempotency_sentinel_exit(redis);
+    }
 
     node = redis->node;
 
@@ -149,6 +160,13 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 static void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
+    if (node->naddrs == 0 && node->redis->sentinel
+        && node->redis->naddrs == 0)
+    {
+        /* no master named yet: sentinel.c connects when one is */
+        return;
+    }
+
     if (ngx_http_idempotency_conn_open(node) != NGX_OK) {
         ngx_http_idempotency_node_resend(node);
         ngx_http_idempotency_redis_schedule(node);
@@ -252,6 +270,13 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
     if (ngx_http_idempotency_node_command(node, op, 3, argv, argvlen)
         != NGX_OK)
     {
+        return;
+    }
+
+    if (redis->sentinel
+        && ngx_http_idempotency_sentinel_handshake(node) != NGX_OK)
+    {
+        /* a Sentinel has no scripts */
         return;
     }
 
@@ -516,7 +541,7 @@ ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
  * written with the others of this event loop iteration by a posted event.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen)
@@ -649,6 +674,13 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 {
     ngx_http_idempotency_op_t  *op;
 
+    if (node->redis->sentinel
+        && ngx_http_idempotency_sentinel_reply(node, reply) == NGX_DONE)
+    {
+        freeReplyObject(reply);
+        return node->open ? NGX_OK : NGX_ERROR;
+    }
+
     op = node->head;
 
     if (op == NULL) {
@@ -735,6 +767,10 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
     ngx_http_idempotency_metrics_redis_down(node->redis);
     ngx_http_idempotency_redis_schedule(node);
+
+    if (node->redis->sentinel) {
+        ngx_http_idempotency_sentinel_closed(node);
+    }
 }
 
 
