@@ -723,7 +723,9 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value, user, password;
     ngx_int_t    n;
-    ngx_uint_t   i, db, tls;
+    ngx_uint_t   i, db, tls, cluster, naddrs, nservers;
+
+    ngx_http_idempotency_main_conf_t  *imcf;
 
     if (ilcf->redis) {
         return "is duplicate";
@@ -733,6 +735,8 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     db = 0;
     tls = 0;
+    cluster = 0;
+    naddrs = 1;
     ngx_str_null(&user);
     ngx_str_null(&password);
 
@@ -780,7 +784,36 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
+        if (ngx_strcmp(value[i].data, "cluster") == 0) {
+            cluster = 1;
+            continue;
+        }
+
+        /* more addresses, right after the first: cluster seeds */
+
+        if (naddrs == i - 1
+            && ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
+               == NULL
+            && ngx_strlchr(value[i].data, value[i].data + value[i].len, ':'))
+        {
+            naddrs++;
+            continue;
+        }
+
         goto invalid;
+    }
+
+    if (naddrs > 1 && !cluster) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "several redis addresses require \"cluster\"");
+        return NGX_CONF_ERROR;
+    }
+
+    if (cluster && db) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"db=\" cannot be used with \"cluster\": "
+                           "a cluster has only db 0");
+        return NGX_CONF_ERROR;
     }
 
     if (user.len && password.len == 0) {
@@ -789,10 +822,29 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    nservers = imcf->servers.nelts;
+
     ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,
                                                   &password, tls);
     if (ilcf->redis == NULL) {
         return NGX_CONF_ERROR;
+    }
+
+    if ((ilcf->redis->seeds != NULL) != cluster) {
+        if (imcf->servers.nelts == nservers) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "redis \"%V\" is used both with and without "
+                               "\"cluster\"", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+
+        if (ngx_http_idempotency_cluster_conf(cf, ilcf->redis, &value[1],
+                                              naddrs)
+            != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;
