@@ -56,6 +56,7 @@ struct ngx_http_idempotency_cluster_s {
     unsigned                         refreshing:1;   /* one in flight */
     unsigned                         known:1;    /* a map was learnt */
     unsigned                         refused:1;  /* logged once */
+    unsigned                         asking_refused:1;
 
     uint16_t                         slot_node[NGX_HTTP_IDEMPOTENCY_SLOTS];
 };
@@ -806,11 +807,28 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
 }
 
 
+/* ASKING says OK; a refusal is an ACL without +asking: said once */
+
 static void
 ngx_http_idempotency_cluster_asked(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    /* ASKING says OK; a refusal (an ACL without +asking) shows as ASK */
+    ngx_http_idempotency_cluster_t  *cl;
+
+    cl = op->redis->cluster;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR || cl == NULL
+        || cl->asking_refused)
+    {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
+                  "idempotency: redis cluster \"%V\" (%V) refused ASKING: "
+                  "%*s (the ACL needs +asking)", &op->redis->name,
+                  &op->node->addrs->name, (size_t) reply->len, reply->str);
+
+    cl->asking_refused = 1;
 }
 
 
