@@ -1067,7 +1067,9 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
             cl->refused = 1;
         }
 
-        ngx_add_timer(&cl->refresh_ev, NGX_HTTP_IDEMPOTENCY_REFRESH_GAP);
+        ngx_add_timer(&cl->refresh_ev,
+                      cl->known ? NGX_HTTP_IDEMPOTENCY_REFRESH_GAP
+                                : NGX_HTTP_IDEMPOTENCY_REFRESH_FIRST);
         return;
     }
 

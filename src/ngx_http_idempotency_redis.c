@@ -819,7 +819,14 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
         ngx_delete_posted_event(&node->reset_ev);
     }
 
-    ngx_http_idempotency_metrics_redis_down(node->redis);
+    /* a cluster node that left the slot map is no lost Redis */
+
+    if (node->redis->seeds == NULL
+        || ngx_http_idempotency_cluster_closed(node))
+    {
+        ngx_http_idempotency_metrics_redis_down(node->redis);
+    }
+
     ngx_http_idempotency_redis_schedule(node);
 }
 

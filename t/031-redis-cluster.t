@@ -7,9 +7,10 @@
 #   (the module's CRC16 slots match the cluster's)
 # - duplicates from two nginx instances (2 workers each) execute once
 # - reshard under traffic, ASK on a migrating slot, failover, kill -9
+# - a dead first seed: the next one gives the map
 # - nginx -t: "db=1 cluster" and several addresses without "cluster"
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
-# nodes 24011-24016), nginx on TOPO_BASE+300 and +301.
+# nodes 24011-24016, +19 a dead seed), nginx on TOPO_BASE+300 to +302.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -140,6 +141,20 @@ for my $k (@keys) {
     $on++ if $got =~ /^1/ && cli($seed, 'CLUSTER', 'KEYSLOT', $rk) == $slot;
 }
 is($on, 60, 'spread: every record at its slot');
+
+# --- a dead first seed: the map comes from the next one
+{
+    my $pc = $base + 302;
+    my $d = nginx_conf('c', pay_server('c', $pc,
+        "idempotency_redis 127.0.0.1:" . ($base + 19) . " 127.0.0.1:"
+        . ($seed + 1) . " cluster;\n        idempotency_redis_timeout 3s;"),
+        1);
+    nginx_start($d);
+    my @c = map { http_post($pc, "seed-$_", 'x', undef, undef, 5)->{status} }
+            1 .. 10;
+    is("@c", join(' ', (201) x 10), 'a dead first seed: served by the next');
+    nginx_stop($d);
+}
 
 # --- duplicates from two instances, 2 workers each
 my @dup = map { "dup-$_" } 1 .. 20;
