@@ -8,9 +8,11 @@
 # - duplicates from two nginx instances (2 workers each) execute once
 # - reshard under traffic, ASK on a migrating slot, failover, kill -9
 # - a dead first seed: the next one gives the map
+# - TLS and an ACL user (AUTH) on every node of a TLS-only cluster
 # - nginx -t: "db=1 cluster" and several addresses without "cluster"
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
-# nodes 24011-24016, +19 a dead seed), nginx on TOPO_BASE+300 to +302.
+# nodes 24011-24016, +19 a dead seed; cluster-tls +21 to +26), nginx on
+# TOPO_BASE+300 to +303.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -32,10 +34,12 @@ my ($pa, $pb) = ($base + 300, $base + 301);
 my $seed = $base + 11;
 my $t0 = time;
 
-my $up;
+my $tls_dir = "$ENV{TOPO_DIR}-tls";
+my ($up, $up_tls);
 END {
     local $?;
     system("$topo down cluster $ENV{TOPO_DIR} >/dev/null 2>&1") if $up;
+    system("$topo down cluster-tls $tls_dir >/dev/null 2>&1") if $up_tls;
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
 
@@ -273,6 +277,34 @@ is("@elsewhere", '', "kill: 503 only for the slots of the dead master "
 $res = http_burst([ map { [$pa, "after-kill-$_", 'x'] } 1 .. 30 ], 8);
 is(scalar(grep { $_->{status} == 201 } @$res), 30,
    'kill: every shard serves again after the promotion');
+
+# --- TLS and an ACL user on every node
+$up_tls = 1;
+if (topo('up', 'cluster-tls', $tls_dir)) {
+    my $pd = $base + 303;
+    my $t = "$tls_dir/tls";
+    my $d = nginx_conf('d', pay_server('d', $pd,
+        "idempotency_redis 127.0.0.1:" . ($base + 21) . " cluster tls "
+        . "user=idem password=idem-password;
+        idempotency_redis_tls_trusted_certificate $t/ca.crt;
+        idempotency_redis_tls_certificate $t/client.crt;
+        idempotency_redis_tls_certificate_key $t/client.key;
+        idempotency_redis_timeout 3s;"), 1);
+    nginx_start($d);
+    my @tk = map { "tls-$_" } 1 .. 30;
+    my @ts = map { http_post($pd, $_, 'x', undef, undef, 5)->{status} } @tk;
+    is(scalar(grep { $_ == 201 } @ts), 30, 'tls: 30 keys stored')
+        or diag "@ts";
+    my @tdb = map {
+        `redis-cli --tls --cacert $t/ca.crt --cert $t/client.crt --key $t/client.key -p $_ DBSIZE 2>/dev/null` =~ /(\d+)/ ? $1 : -1
+    } $base + 21 .. $base + 23;
+    is(scalar(grep { $_ > 0 } @tdb), 3, "tls: records on every master (@tdb)");
+    my @p = log_problems("$d/logs/error.log");
+    is("@p", '', 'tls: no alert or crash');
+    nginx_stop($d);
+}
+system("$topo down cluster-tls $tls_dir >/dev/null 2>&1");
+$up_tls = 0;
 
 for my $d (values %dirs) {
     my @p = log_problems("$d/logs/error.log");
