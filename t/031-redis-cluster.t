@@ -6,6 +6,8 @@
 # - spread: records of 60 keys land on all 3 masters, with no MOVED at all
 #   (the module's CRC16 slots match the cluster's)
 # - duplicates from two nginx instances (2 workers each) execute once
+# - connections killed (CLIENT KILL) under traffic: claims and stores are
+#   sent again, no error, no store lost
 # - reshard under traffic, ASK on a migrating slot, failover, kill -9
 # - a dead first seed: the next one gives the map
 # - TLS and an ACL user (AUTH) on every node of a TLS-only cluster
@@ -201,6 +203,8 @@ sub traffic {
     return (\@k, \%status, \@failed);
 }
 
+my ($k, $s);
+
 # every key with a 201 replays now (its record was not lost)
 sub replayed {
     my ($tag, $k) = @_;
@@ -212,9 +216,28 @@ sub replayed {
     is(join(' ', twice()), '', "$tag: no key ran twice");
 }
 
+# --- connections killed under traffic: claims and stores are sent again
+sub log_count {
+    my $re = shift;
+    return scalar grep { /$re/ } map { lines_of("$_/logs/error.log") }
+                                 values %dirs;
+}
+($k, $s) = traffic('conn', sub {
+    for (1 .. 12) {
+        cli($_, 'CLIENT', 'KILL', 'TYPE', 'normal') for masters();
+        sleep 0.25;
+    }
+});
+note explain $s;
+ok(!$s->{503} && !$s->{0}, 'client kill: no error') or diag explain $s;
+ok(log_count(qr/lost the connection/) > 0, 'client kill: connections lost');
+is(log_count(qr/claim was lost|went away before/), 0,
+   'client kill: every store made it');
+replayed('conn', $k);
+
 # --- resharding under traffic (MOVED, and ASK while slots move)
 resetstat();
-my ($k, $s) = traffic('reshard',
+($k, $s) = traffic('reshard',
                       sub { system("$topo cluster-reshard 200 >/dev/null") });
 note explain $s;
 ok(!$s->{503} && !$s->{0}, 'reshard: no error') or diag explain $s;
