@@ -23,9 +23,6 @@
 #define NGX_HTTP_IDEMPOTENCY_REFRESH_FIRST  100
 #define NGX_HTTP_IDEMPOTENCY_REFRESH_EVERY  60000
 
-#define NGX_HTTP_IDEMPOTENCY_CMD_SLOTS                                        \
-    "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n"
-#define NGX_HTTP_IDEMPOTENCY_CMD_ASKING     "*1\r\n$6\r\nASKING\r\n"
 
 
 typedef struct ngx_http_idempotency_cluster_s  ngx_http_idempotency_cluster_t;
@@ -91,6 +88,12 @@ static void ngx_http_idempotency_cluster_asked(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 
 
+static ngx_str_t  ngx_http_idempotency_cluster_slots_cmd =
+    ngx_string("*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n");
+static ngx_str_t  ngx_http_idempotency_asking_cmd =
+    ngx_string("*1\r\n$6\r\nASKING\r\n");
+
+
 /* CRC16/XMODEM of the hash tag (or of the key), as Redis Cluster does */
 
 uint16_t
@@ -126,8 +129,10 @@ ngx_http_idempotency_cluster_slot(u_char *key, size_t len)
 }
 
 
-/* the seeds are resolved once, now, as a standalone address without a
- * resolver is; the masters are announced by address */
+/*
+ * The seeds are resolved once, now, as a standalone address without a
+ * resolver is; the masters are announced by address.
+ */
 
 ngx_int_t
 ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
@@ -651,12 +656,24 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     ngx_int_t                        slot, port, rc;
     ngx_uint_t                       ask;
     ngx_http_idempotency_op_t       *aop;
-    ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_cnode_t    *cn;
+    ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = node->redis;
     cl = redis->cluster;
+
+    /*
+     * a node that left the map is closed once drained (a map may bring it
+     * back: slots_done closes those it does not)
+     */
+
+    if (node->pending == 0 && node->open && !node->reset_ev.posted
+        && op->handler != ngx_http_idempotency_cluster_slots_done
+        && !((ngx_http_idempotency_cnode_t *) node)->master)
+    {
+        ngx_post_event(&node->reset_ev, &ngx_posted_events);
+    }
 
     if (cl == NULL || op->buf == NULL || reply->type != REDIS_REPLY_ERROR
         || reply->str == NULL || redis->exiting)
@@ -775,9 +792,8 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
         aop->handler = ngx_http_idempotency_cluster_asked;
 
         rc = ngx_http_idempotency_cluster_send(&cn->node, aop,
-                                      (u_char *) NGX_HTTP_IDEMPOTENCY_CMD_ASKING,
-                                      sizeof(NGX_HTTP_IDEMPOTENCY_CMD_ASKING)
-                                      - 1);
+                                   ngx_http_idempotency_asking_cmd.data,
+                                   ngx_http_idempotency_asking_cmd.len);
         if (rc != NGX_OK) {
             ngx_http_idempotency_op_free(aop);
             ngx_http_idempotency_cluster_wait(cl, op);
@@ -1012,9 +1028,8 @@ ngx_http_idempotency_cluster_refresh_handler(ngx_event_t *ev)
     op->handler = ngx_http_idempotency_cluster_slots_done;
 
     if (ngx_http_idempotency_cluster_send(&cn->node, op,
-                                      (u_char *) NGX_HTTP_IDEMPOTENCY_CMD_SLOTS,
-                                      sizeof(NGX_HTTP_IDEMPOTENCY_CMD_SLOTS)
-                                      - 1)
+                                   ngx_http_idempotency_cluster_slots_cmd.data,
+                                   ngx_http_idempotency_cluster_slots_cmd.len)
         != NGX_OK)
     {
         ngx_http_idempotency_op_free(op);
@@ -1040,8 +1055,8 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
     ngx_uint_t                       i, n, nslots, nmasters, level;
     redisReply                      *range, *master;
     ngx_http_idempotency_node_t     *node;
-    ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_cnode_t    *cn;
+    ngx_http_idempotency_redis_t    *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = op->redis;
