@@ -1157,7 +1157,11 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
 
     cl->known = 1;
 
-    ngx_add_timer(&cl->refresh_ev, NGX_HTTP_IDEMPOTENCY_REFRESH_EVERY);
+    /* a partial map (a failover under way) is asked again soon */
+
+    ngx_add_timer(&cl->refresh_ev, nslots == NGX_HTTP_IDEMPOTENCY_SLOTS
+                                   ? NGX_HTTP_IDEMPOTENCY_REFRESH_EVERY
+                                   : NGX_HTTP_IDEMPOTENCY_REFRESH_GAP);
 
     /* what waited for the map goes now */
 
