@@ -42,8 +42,11 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     ngx_url_t                  u;
     ngx_http_core_loc_conf_t  *clcf;
 
-    if (redis->sentinel) {
-        /* the Sentinels name the master's address at run time */
+    if (redis->sentinel || redis->seeds) {
+        /*
+         * the Sentinels name the master's address at run time; cluster.c
+         * resolved the seeds, and nodes are announced by address
+         */
         return NGX_OK;
     }
 
@@ -631,7 +634,9 @@ ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
             err = 0;
         }
 
-        if (node->naddrs && (node->naddrs > 1 || redis->resolver)) {
+        if (node->naddrs
+            && (node->naddrs > 1 || redis->resolver || redis->seeds))
+        {
             ngx_log_error(NGX_LOG_ERR, redis->log, err,
                           "idempotency: %s redis \"%V\" (%V)%s%*s", what,
                           &redis->name,

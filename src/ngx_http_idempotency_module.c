@@ -738,7 +738,9 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value, user, password;
     ngx_int_t    n;
-    ngx_uint_t   i, db, tls, naddrs, sentinel;
+    ngx_uint_t   i, db, tls, cluster, sentinel, naddrs, nservers;
+
+    ngx_http_idempotency_main_conf_t  *imcf;
 
     if (ilcf->redis) {
         return "is duplicate";
@@ -748,16 +750,18 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     db = 0;
     tls = 0;
+    cluster = 0;
     sentinel = 0;
     ngx_str_null(&user);
     ngx_str_null(&password);
 
-    /* more addresses before the parameters: Sentinels */
+    /* more addresses before the parameters: cluster seeds or Sentinels */
 
     for (naddrs = 1; naddrs + 1 < cf->args->nelts; naddrs++) {
         if (ngx_strlchr(value[naddrs + 1].data,
                         value[naddrs + 1].data + value[naddrs + 1].len, '=')
-            || ngx_strcmp(value[naddrs + 1].data, "tls") == 0)
+            || ngx_strcmp(value[naddrs + 1].data, "tls") == 0
+            || ngx_strcmp(value[naddrs + 1].data, "cluster") == 0)
         {
             break;
         }
@@ -807,6 +811,11 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
+        if (ngx_strcmp(value[i].data, "cluster") == 0) {
+            cluster = 1;
+            continue;
+        }
+
         if (ngx_strncmp(value[i].data, "sentinel", 8) == 0) {
             /* sentinel=, sentinel_user=, sentinel_password= */
             sentinel = 1;
@@ -816,13 +825,34 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         goto invalid;
     }
 
+    if (cluster && sentinel) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"cluster\" and \"sentinel=\" cannot be used "
+                           "together");
+        return NGX_CONF_ERROR;
+    }
+
+    if (naddrs > 1 && !cluster && !sentinel) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "several redis addresses require \"cluster\" "
+                           "(seeds) or \"sentinel=NAME\" (Sentinels)");
+        return NGX_CONF_ERROR;
+    }
+
+    if (cluster && db) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"db=\" cannot be used with \"cluster\": "
+                           "a cluster has only db 0");
+        return NGX_CONF_ERROR;
+    }
+
     if (user.len && password.len == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"user=\" requires \"password=\"");
         return NGX_CONF_ERROR;
     }
 
-    if (sentinel || naddrs > 1) {
+    if (sentinel) {
         ilcf->redis = ngx_http_idempotency_sentinel_conf(cf, &value[1],
                                                          naddrs,
                                                          cf->args->nelts - 1,
@@ -832,10 +862,29 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return ilcf->redis ? NGX_CONF_OK : NGX_CONF_ERROR;
     }
 
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+    nservers = imcf->servers.nelts;
+
     ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,
                                                   &password, tls);
     if (ilcf->redis == NULL) {
         return NGX_CONF_ERROR;
+    }
+
+    if ((ilcf->redis->seeds != NULL) != cluster) {
+        if (imcf->servers.nelts == nservers) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "redis \"%V\" is used both with and without "
+                               "\"cluster\"", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+
+        if (ngx_http_idempotency_cluster_conf(cf, ilcf->redis, &value[1],
+                                              naddrs)
+            != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;

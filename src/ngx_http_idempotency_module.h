@@ -199,6 +199,11 @@ struct ngx_http_idempotency_redis_s {
     ngx_msec_t                       wait_timeout;   /* the longest WAIT */
     ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
     ngx_uint_t                       claim_mode;
+
+    /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
+    ngx_array_t                     *seeds;
+    void                            *cluster;    /* per worker */
+
     ngx_log_t                       *log;
 
     unsigned                         exiting:1;
@@ -352,6 +357,14 @@ struct ngx_http_idempotency_op_s {
     /* wait.c: the acknowledgements asked for; set by wait.c alone */
     ngx_uint_t                       replicas;
     unsigned                         won:1;      /* the claim it follows */
+    /* cluster.c: the command, owned by the op until its reply */
+    u_char                          *buf;
+    size_t                           buf_len;
+    ngx_msec_t                       deadline;
+    ngx_msec_t                       retry_at;
+    ngx_msec_t                       backoff;
+    ngx_uint_t                       redirects;
+    unsigned                         asking:1;   /* sent after ASKING */
 };
 
 
@@ -471,6 +484,34 @@ ngx_int_t ngx_http_idempotency_sentinel_handshake(
 ngx_int_t ngx_http_idempotency_sentinel_reply(
     ngx_http_idempotency_node_t *node, redisReply *reply);
 void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
+void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_load_script(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+size_t ngx_http_idempotency_format_len(int argc, const size_t *argvlen);
+u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
+    const size_t *argvlen);
+
+/* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
+ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
+ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+ngx_int_t ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+ngx_int_t ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+ngx_uint_t ngx_http_idempotency_cluster_closed(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_cluster_load_script(
+    ngx_http_idempotency_redis_t *redis);
+uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,

@@ -20,16 +20,10 @@
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
 
 
-static void ngx_http_idempotency_redis_connect(
-    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_redis_schedule(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_redis_handshake(
     ngx_http_idempotency_node_t *node);
-static void ngx_http_idempotency_node_load_script(
-    ngx_http_idempotency_node_t *node);
-static void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_op_t *op);
 static void ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
@@ -67,43 +61,16 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
         return NGX_OK;
     }
 
+    if (redis->seeds) {
+        return ngx_http_idempotency_cluster_init(cycle, redis);
+    }
+
     node = ngx_calloc(sizeof(ngx_http_idempotency_node_t), cycle->log);
     if (node == NULL) {
         return NGX_ERROR;
     }
 
-    node->redis = redis;
-    node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
-    node->tail = &node->head;
-    node->parked_tail = &node->parked;
-
-    /*
-     * connection-level timers are cancelable so that a gracefully exiting
-     * worker does not wait for them; the watchdog is not: it bounds the
-     * wait for the replies of stores still in flight
-     */
-
-    node->connect_ev.handler = ngx_http_idempotency_connect_timeout;
-    node->connect_ev.data = node;
-    node->connect_ev.log = cycle->log;
-    node->connect_ev.cancelable = 1;
-
-    node->reconnect_ev.handler = ngx_http_idempotency_reconnect;
-    node->reconnect_ev.data = node;
-    node->reconnect_ev.log = cycle->log;
-    node->reconnect_ev.cancelable = 1;
-
-    node->reset_ev.handler = ngx_http_idempotency_reset_handler;
-    node->reset_ev.data = node;
-    node->reset_ev.log = cycle->log;
-
-    node->watchdog_ev.handler = ngx_http_idempotency_watchdog;
-    node->watchdog_ev.data = node;
-    node->watchdog_ev.log = cycle->log;
-
-    node->flush_ev.handler = ngx_http_idempotency_flush_handler;
-    node->flush_ev.data = node;
-    node->flush_ev.log = cycle->log;
+    ngx_http_idempotency_node_init(node, redis, cycle->log);
 
     redis->node = node;
 
@@ -122,12 +89,58 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 }
 
 
+/* a node's timers; a cluster has one node per master */
+
+void
+ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log)
+{
+    node->redis = redis;
+    node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
+    node->tail = &node->head;
+    node->parked_tail = &node->parked;
+
+    /*
+     * connection-level timers are cancelable so that a gracefully exiting
+     * worker does not wait for them; the watchdog is not: it bounds the
+     * wait for the replies of stores still in flight
+     */
+
+    node->connect_ev.handler = ngx_http_idempotency_connect_timeout;
+    node->connect_ev.data = node;
+    node->connect_ev.log = log;
+    node->connect_ev.cancelable = 1;
+
+    node->reconnect_ev.handler = ngx_http_idempotency_reconnect;
+    node->reconnect_ev.data = node;
+    node->reconnect_ev.log = log;
+    node->reconnect_ev.cancelable = 1;
+
+    node->reset_ev.handler = ngx_http_idempotency_reset_handler;
+    node->reset_ev.data = node;
+    node->reset_ev.log = log;
+
+    node->watchdog_ev.handler = ngx_http_idempotency_watchdog;
+    node->watchdog_ev.data = node;
+    node->watchdog_ev.log = log;
+
+    node->flush_ev.handler = ngx_http_idempotency_flush_handler;
+    node->flush_ev.data = node;
+    node->flush_ev.log = log;
+}
+
+
 void
 ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 {
     ngx_http_idempotency_node_t  *node;
 
     redis->exiting = 1;
+
+    if (redis->seeds) {
+        ngx_http_idempotency_cluster_exit(redis);
+        return;
+    }
 
     if (redis->sentinel) {
         ngx_http_idempotency_sentinel_exit(redis);
@@ -157,7 +170,7 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 }
 
 
-static void
+void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
     if (node->naddrs == 0 && node->redis->sentinel
@@ -289,13 +302,18 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 void
 ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
 {
+    if (redis->seeds) {
+        ngx_http_idempotency_cluster_load_script(redis);
+        return;
+    }
+
     if (redis->node) {
         ngx_http_idempotency_node_load_script(redis->node);
     }
 }
 
 
-static void
+void
 ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
 {
     size_t                      argvlen[3];
@@ -394,9 +412,18 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       &redis->name, &err);
     }
 
-    ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
-                  "idempotency: connected to redis \"%V\"%s",
-                  &redis->name, node->was_up ? " again" : "");
+    if (redis->seeds) {
+        /* which node of the cluster */
+        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                      "idempotency: connected to redis \"%V\" (%V)%s",
+                      &redis->name, &node->addrs->name,
+                      node->was_up ? " again" : "");
+
+    } else {
+        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                      "idempotency: connected to redis \"%V\"%s",
+                      &redis->name, node->was_up ? " again" : "");
+    }
 
     ngx_http_idempotency_metrics_redis_up(redis);
 
@@ -449,6 +476,12 @@ ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
         return;
     }
 
+    /* a cluster node that left the slot map is not reconnected */
+
+    if (node->redis->seeds && !ngx_http_idempotency_cluster_closed(node)) {
+        return;
+    }
+
     if (!node->reconnect_ev.timer_set) {
         ngx_add_timer(&node->reconnect_ev, node->backoff);
     }
@@ -488,6 +521,11 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->store = 0;
     op->resend = 0;
     op->resent = 0;
+    op->buf = NULL;
+    op->deadline = 0;
+    op->backoff = 0;
+    op->redirects = 0;
+    op->asking = 0;
 
     return op;
 }
@@ -496,6 +534,11 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
 void
 ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op)
 {
+    if (op->buf) {
+        ngx_free(op->buf);
+        op->buf = NULL;
+    }
+
     op->next = ngx_http_idempotency_free_ops;
     ngx_http_idempotency_free_ops = op;
 }
@@ -522,7 +565,10 @@ ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
 {
     ngx_http_idempotency_node_t  *node;
 
-    /* a cluster would pick the node of the key's slot here */
+    if (op->redis->seeds) {
+        /* the node of the key's slot */
+        return ngx_http_idempotency_cluster_command(op, argc, argv, argvlen);
+    }
 
     node = op->redis->node;
 
@@ -546,35 +592,21 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen)
 {
-    int      i;
     u_char  *p, *start;
-    size_t   len;
 
     if (!node->open || node->handshake_failed || node->reset_ev.posted) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }
 
-    len = sizeof("*\r\n") - 1 + NGX_INT_T_LEN;
-
-    for (i = 0; i < argc; i++) {
-        len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + argvlen[i];
-    }
-
-    start = ngx_http_idempotency_conn_reserve(node, len);
+    start = ngx_http_idempotency_conn_reserve(node,
+                              ngx_http_idempotency_format_len(argc, argvlen));
     if (start == NULL) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }
 
-    p = ngx_sprintf(start, "*%d\r\n", argc);
-
-    for (i = 0; i < argc; i++) {
-        p = ngx_sprintf(p, "$%uz\r\n", argvlen[i]);
-        p = ngx_cpymem(p, argv[i], argvlen[i]);
-        *p++ = CR;
-        *p++ = LF;
-    }
+    p = ngx_http_idempotency_format(start, argc, argv, argvlen);
 
     if (op->resend) {
         if ((size_t) (p - start) <= sizeof(op->cmd)) {
@@ -594,7 +626,44 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
 }
 
 
-static void
+/* the most a command can take once formatted */
+
+size_t
+ngx_http_idempotency_format_len(int argc, const size_t *argvlen)
+{
+    int     i;
+    size_t  len;
+
+    len = sizeof("*\r\n") - 1 + NGX_INT_T_LEN;
+
+    for (i = 0; i < argc; i++) {
+        len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + argvlen[i];
+    }
+
+    return len;
+}
+
+
+u_char *
+ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
+    const size_t *argvlen)
+{
+    int  i;
+
+    p = ngx_sprintf(p, "*%d\r\n", argc);
+
+    for (i = 0; i < argc; i++) {
+        p = ngx_sprintf(p, "$%uz\r\n", argvlen[i]);
+        p = ngx_cpymem(p, argv[i], argvlen[i]);
+        *p++ = CR;
+        *p++ = LF;
+    }
+
+    return p;
+}
+
+
+void
 ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op)
 {
@@ -710,6 +779,15 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
         ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
     }
 
+    /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
+
+    if (node->redis->seeds && !node->handshake_failed
+        && ngx_http_idempotency_cluster_reply(node, op, reply) == NGX_DONE)
+    {
+        freeReplyObject(reply);
+        return node->open ? NGX_OK : NGX_ERROR;
+    }
+
     /*
      * commands pipelined behind a refused AUTH or SELECT ran as the wrong
      * user or in the wrong db: their replies do not count, nor do those of
@@ -740,6 +818,14 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
         op = node->head;
         node->head = op->next;
 
+        /* a cluster's ops go back to the router */
+
+        if (node->redis->seeds
+            && ngx_http_idempotency_cluster_lost(node, op) == NGX_OK)
+        {
+            continue;
+        }
+
         if (op->resend && !op->resent && op->request
             && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
         {
@@ -765,7 +851,14 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
         ngx_delete_posted_event(&node->reset_ev);
     }
 
-    ngx_http_idempotency_metrics_redis_down(node->redis);
+    /* a cluster node that left the slot map is no lost Redis */
+
+    if (node->redis->seeds == NULL
+        || ngx_http_idempotency_cluster_closed(node))
+    {
+        ngx_http_idempotency_metrics_redis_down(node->redis);
+    }
+
     ngx_http_idempotency_redis_schedule(node);
 
     if (node->redis->sentinel) {
@@ -779,6 +872,8 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 void
 ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis)
 {
+    /* a cluster's nodes have their own watchdogs */
+
     if (redis->node) {
         ngx_http_idempotency_node_reset(redis->node);
     }

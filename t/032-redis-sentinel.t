@@ -121,7 +121,7 @@ sub conf_error {
 }
 
 like(conf_error('127.0.0.1:1 127.0.0.1:2'),
-     qr/several addresses need "sentinel=NAME"/, 'several addresses alone');
+     qr/several redis addresses require "cluster" \(seeds\) or "sentinel=NAME"/, 'several addresses alone');
 like(conf_error('127.0.0.1:1 sentinel=m sentinel_user=u'),
      qr/"sentinel_user=" requires "sentinel_password="/,
      'sentinel_user= alone');
