@@ -115,9 +115,12 @@ sub runs {
     }
     return \%n;
 }
+# keys that ran more than once (of one scenario's tag, or all)
 sub twice {
+    my $tag = shift;
     my $r = runs();
-    return grep { $r->{$_} > 1 } sort keys %$r;
+    return grep { (!defined $tag || /^\Q$tag\E-/) && $r->{$_} > 1 }
+           sort keys %$r;
 }
 
 # wait until both instances answer (their workers learnt the map)
@@ -205,15 +208,20 @@ sub traffic {
 
 my ($k, $s);
 
+# the keys that ran but do not replay now (their record was lost)
+sub lost {
+    my $k = shift;
+    my $r = runs();
+    return grep { $r->{$_}
+                  && http_post($pa, $_, 'x', undef, undef, 5)->{head}
+                     !~ /X-Idem: replay/i } @$k;
+}
+
 # every key with a 201 replays now (its record was not lost)
 sub replayed {
     my ($tag, $k) = @_;
-    my $r = runs();
-    my @lost = grep { $r->{$_}
-                      && http_post($pa, $_, 'x', undef, undef, 5)->{head}
-                         !~ /X-Idem: replay/i } @$k;
-    is("@lost", '', "$tag: every executed key replays");
-    is(join(' ', twice()), '', "$tag: no key ran twice");
+    is(join(' ', lost($k)), '', "$tag: every executed key replays");
+    is(join(' ', twice($tag)), '', "$tag: no key ran twice");
 }
 
 # --- connections killed under traffic: claims and stores are sent again
@@ -288,15 +296,27 @@ my $failed;
                    sub { system("$topo cluster-kill-master >/dev/null") });
 note explain $s;
 ok(!$s->{0}, 'kill: every request answered') or diag explain $s;
-replayed('kill', $k);
 my @after = masters();
 is(scalar @after, 3, 'kill: a replica was promoted');
 my ($dead) = grep { my $p = $_; !grep { $_ == $p } @after } keys %$before;
-my @elsewhere = grep { my $sl = slot_of_key($_);
-                       !grep { $sl >= $_->[0] && $sl <= $_->[1] }
-                        @{ $before->{$dead // 0} || [] } } @$failed;
+my $on_dead = sub {
+    grep { my $sl = slot_of_key($_);
+           !grep { $sl >= $_->[0] && $sl <= $_->[1] }
+            @{ $before->{$dead // 0} || [] } } @_;
+};
+my @elsewhere = $on_dead->(@$failed);
 is("@elsewhere", '', "kill: 503 only for the slots of the dead master "
    . "($dead, " . scalar(@$failed) . " requests)");
+
+# replication is asynchronous: a record the dead master acknowledged but
+# had not passed on is lost with it (WAIT is what prevents that); every
+# other record replays.  No key ran twice under the traffic; the probe
+# for replays may itself run a key whose claim was lost too.
+is(join(' ', twice('kill')), '', "kill: no key ran twice");
+my @lost = lost($k);
+@elsewhere = $on_dead->(@lost);
+is("@elsewhere", '', "kill: only records of the dead master can be lost ("
+   . scalar(@lost) . " lost)");
 $res = http_burst([ map { [$pa, "after-kill-$_", 'x'] } 1 .. 30 ], 8);
 is(scalar(grep { $_->{status} == 201 } @$res), 30,
    'kill: every shard serves again after the promotion');
