@@ -26,11 +26,13 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
 /*
  * finish: KEYS[1] record key, ARGV[1] our claim record, ARGV[2] the final
  * record (empty: release), ARGV[3] ttl (ms).  Only the owner of the claim
- * may finish it: after lock_ttl another request may own the key.
+ * may finish it: after lock_ttl another request may own the key.  A store
+ * sent again after a lost connection finds its own record: done.
  */
 
 ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
     "local v = redis.call('GET', KEYS[1])\n"
+    "if v and v == ARGV[2] then return 1 end\n"
     "if v ~= ARGV[1] then return 0 end\n"
     "if ARGV[2] == '' then\n"
     "  redis.call('DEL', KEYS[1])\n"
