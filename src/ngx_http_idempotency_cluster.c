@@ -138,9 +138,7 @@ ngx_int_t
 ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n)
 {
-    ngx_url_t    u;
-    ngx_uint_t   i;
-    ngx_addr_t  *addr;
+    ngx_uint_t  i;
 
     redis->seeds = ngx_array_create(cf->pool, n, sizeof(ngx_addr_t));
     if (redis->seeds == NULL) {
@@ -148,31 +146,13 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     }
 
     for (i = 0; i < n; i++) {
-        ngx_memzero(&u, sizeof(ngx_url_t));
-
-        u.url = addrs[i];
-        u.default_port = 6379;
-
-        if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid redis address \"%V\"%s%s", &addrs[i],
-                               u.err ? ": " : "", u.err ? u.err : "");
+        if (ngx_http_idempotency_conf_addrs(cf, &addrs[i], 6379,
+                                            "redis cluster seed",
+                                            redis->seeds)
+            != NGX_OK)
+        {
             return NGX_ERROR;
         }
-
-        if (u.family == AF_UNIX) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "a redis cluster seed must be host:port, "
-                               "not \"%V\"", &addrs[i]);
-            return NGX_ERROR;
-        }
-
-        addr = ngx_array_push(redis->seeds);
-        if (addr == NULL) {
-            return NGX_ERROR;
-        }
-
-        *addr = u.addrs[0];
     }
 
     return NGX_OK;

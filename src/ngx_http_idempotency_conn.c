@@ -99,6 +99,51 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
 }
 
 
+/*
+ * Cluster seeds and Sentinels: a host:port resolved now, every address of
+ * a name added to addrs in turn (a unix socket is refused: what:
+ * "redis cluster seed" or "sentinel" for the messages)
+ */
+
+ngx_int_t
+ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
+    in_port_t port, const char *what, ngx_array_t *addrs)
+{
+    ngx_url_t    u;
+    ngx_uint_t   i;
+    ngx_addr_t  *a;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+
+    u.url = *addr;
+    u.default_port = port;
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid %s address \"%V\"%s%s", what, addr,
+                           u.err ? ": " : "", u.err ? u.err : "");
+        return NGX_ERROR;
+    }
+
+    if (u.family == AF_UNIX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "a %s must be host:port, not \"%V\"", what, addr);
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < u.naddrs; i++) {
+        a = ngx_array_push(addrs);
+        if (a == NULL) {
+            return NGX_ERROR;
+        }
+
+        *a = u.addrs[i];
+    }
+
+    return NGX_OK;
+}
+
+
 /* the node takes commands from here on; the bytes wait for the connect */
 
 ngx_int_t

@@ -496,6 +496,8 @@ u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
 
 /* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
+ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
+    in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
 ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,

@@ -40,8 +40,6 @@ struct ngx_http_idempotency_sentinel_s {
 };
 
 
-static ngx_int_t ngx_http_idempotency_sentinel_parse(ngx_conf_t *cf,
-    ngx_str_t *addr, ngx_array_t *addrs);
 static void ngx_http_idempotency_sentinel_timer(
     ngx_http_idempotency_sentinel_t *s, ngx_event_t *ev,
     ngx_event_handler_pt handler, ngx_log_t *log);
@@ -167,7 +165,9 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     }
 
     for (i = 0; i < naddrs; i++) {
-        if (ngx_http_idempotency_sentinel_parse(cf, &args[i], &addrs)
+        if (ngx_http_idempotency_conf_addrs(cf, &args[i],
+                                            NGX_HTTP_IDEMPOTENCY_SENTINEL_PORT,
+                                            "sentinel", &addrs)
             != NGX_OK)
         {
             return NULL;
@@ -217,41 +217,6 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     *rp = redis;
 
     return redis;
-}
-
-
-/* a Sentinel's address: resolved now, all of a name's addresses in turn */
-
-static ngx_int_t
-ngx_http_idempotency_sentinel_parse(ngx_conf_t *cf, ngx_str_t *addr,
-    ngx_array_t *addrs)
-{
-    ngx_url_t    u;
-    ngx_uint_t   i;
-    ngx_addr_t  *a;
-
-    ngx_memzero(&u, sizeof(ngx_url_t));
-
-    u.url = *addr;
-    u.default_port = NGX_HTTP_IDEMPOTENCY_SENTINEL_PORT;
-
-    if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid sentinel address \"%V\"%s%s", addr,
-                           u.err ? ": " : "", u.err ? u.err : "");
-        return NGX_ERROR;
-    }
-
-    for (i = 0; i < u.naddrs; i++) {
-        a = ngx_array_push(addrs);
-        if (a == NULL) {
-            return NGX_ERROR;
-        }
-
-        *a = u.addrs[i];
-    }
-
-    return NGX_OK;
 }
 
 
