@@ -336,7 +336,6 @@ struct ngx_http_idempotency_op_s {
     ngx_http_idempotency_reply_pt    handler;
     ngx_http_idempotency_node_t     *node;       /* sent on */
     size_t                           rkey_len;
-    unsigned                         handshake:1;
     unsigned                         store:1;
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;

@@ -14,10 +14,6 @@
 
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN  10
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
-#define NGX_HTTP_IDEMPOTENCY_CMD_STACK    4096    /* claims, small stores */
-
-#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN  10
-#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
 
 
 static void ngx_http_idempotency_redis_schedule(
@@ -235,7 +231,6 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         }
 
         op->handler = ngx_http_idempotency_handshake_done;
-        op->handshake = 1;
 
         if (ngx_http_idempotency_node_command(node, op, argc, argv, argvlen)
             != NGX_OK)
@@ -256,7 +251,6 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         }
 
         op->handler = ngx_http_idempotency_handshake_done;
-        op->handshake = 1;
 
         if (ngx_http_idempotency_node_command(node, op, 2, argv, argvlen)
             != NGX_OK)
@@ -278,7 +272,6 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
     }
 
     op->handler = ngx_http_idempotency_setname_done;
-    op->handshake = 1;
 
     if (ngx_http_idempotency_node_command(node, op, 3, argv, argvlen)
         != NGX_OK)
@@ -333,7 +326,6 @@ ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
     }
 
     op->handler = ngx_http_idempotency_script_done;
-    op->handshake = 1;
 
     (void) ngx_http_idempotency_node_command(node, op, 3, argv, argvlen);
 }
@@ -517,7 +509,6 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->handler = NULL;
     op->node = NULL;
     op->rkey_len = 0;
-    op->handshake = 0;
     op->store = 0;
     op->resend = 0;
     op->resent = 0;

@@ -375,7 +375,6 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_node_t *node,
     }
 
     op->handler = handler;
-    op->handshake = 1;
 
     return ngx_http_idempotency_node_command(node, op, argc, argv, argvlen);
 }
