@@ -341,6 +341,11 @@ if want_cluster; then
     # commands are counted on the masters
     CLUSTER_PIDS=$(for i in 11 12 13 14 15 16; do
                        topo_pid cluster $((TOPO_BASE + i)); done | tr '\n' ' ')
+    # the masters, as the seed sees them (no failover happens in a bench)
+    CLUSTER_MASTERS=$(redis-cli -h 127.0.0.1 -p "$CLUSTER_SEED_PORT" CLUSTER NODES |
+        awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }' | tr '\n' ' ')
+    [ "$(wc -w <<< "$CLUSTER_MASTERS")" -eq 3 ] || {
+        echo "expected 3 cluster masters, found: $CLUSTER_MASTERS" >&2; exit 1; }
 fi
 
 for n in $EDGES; do
@@ -426,11 +431,6 @@ tls_cli() {
         --key "$tls_dir/tls/client.key" "$@" | tr -d '\r'
 }
 
-# the masters, as the seed sees them (no failover happens in a bench)
-cluster_masters() {
-    redis_at "$CLUSTER_SEED_PORT" 'CLUSTER NODES' |
-        awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }'
-}
 
 ctx_of() {
     case $1 in
@@ -447,15 +447,21 @@ ctx_cmd() {
     case $1 in
         standalone) redis "$2" ;;
         tls) read -ra m <<< "$2"; tls_cli "${m[@]}" ;;
-        cluster) for m in $(cluster_masters); do redis_at "$m" "$2"; done ;;
+        cluster) for m in $CLUSTER_MASTERS; do redis_at "$m" "$2"; done ;;
     esac
 }
 
+# ctx_pids CTX [masters]: the Redis processes of CTX (only the masters)
 ctx_pids() {
-    case $1 in
-        standalone) echo "$REDIS_PID" ;;
-        tls) echo "$TLS_REDIS_PID" ;;
-        cluster) echo "$CLUSTER_PIDS" ;;
+    local m
+    case $1:${2:-} in
+        standalone:*) echo "$REDIS_PID" ;;
+        tls:*) echo "$TLS_REDIS_PID" ;;
+        cluster:) echo "$CLUSTER_PIDS" ;;
+        cluster:masters)
+            for m in $CLUSTER_MASTERS; do
+                topo_pid cluster "$m"
+            done | tr '\n' ' ' ;;
     esac
 }
 
@@ -470,6 +476,7 @@ snapshot() {
     wc -l "$DIR/$side/bad.log" "$DIR/$side/error.log" > "$f.wc"
     awk -v handled="$HANDLED" -v edge="${PIDS[$side]}" \
         -v up="${PIDS[upstream]}" -v redis="$(ctx_pids "$CTX")" -v info="$f.info" \
+        -v masters="$(ctx_pids "$CTX" masters)" \
         -v wc="$f.wc" -v side="$side" '
     function ticks(pids, sys,   n, p, i, l, a, s, f) {
         n = split(pids, p, " ")
@@ -496,6 +503,7 @@ snapshot() {
         print "edge", ticks(edge, 0)
         print "edge_sys", ticks(edge, 1)
         print "redis", ticks(redis, 0)
+        print "redis_masters", ticks(masters, 0)
         print "upstream", ticks(up, 0)
         print "handled", handled
         while ((getline l < wc) > 0) {
@@ -568,7 +576,7 @@ kv_of() {
 # --- one wrk run -------------------------------------------------------------
 
 RUNS=$DIR/runs.tsv
-printf 'scenario\tconns\tround\tside\trequests\taborted\trps\tp50_us\tp99_us\tnginx_us\tredis_us\tbox_us\tupstream_us\tclient_cmds\tdata_cmds\tupstream_reqs\tbusy_pct\tok\tproblems\tnginx_sys_us\thandled\n' > "$RUNS"
+printf 'scenario\tconns\tround\tside\trequests\taborted\trps\tp50_us\tp99_us\tnginx_us\tredis_us\tbox_us\tupstream_us\tclient_cmds\tdata_cmds\tupstream_reqs\tbusy_pct\tok\tproblems\tnginx_sys_us\thandled\tredis_masters_us\n' > "$RUNS"
 fails=0
 seq_no=0
 CTX=standalone
@@ -641,7 +649,7 @@ run() {
         W[$k]=$v
     done < <(kv_of BENCH "$out.txt")
     if [ -z "${W[requests]:-}" ]; then
-        printf '%s\t%s\t%s\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t%s\t0\t0\n' \
+        printf '%s\t%s\t%s\t%s\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t%s\t0\t0\t0\n' \
             "$scen" "$conns" "$round" "$side" "no wrk result" >> "$RUNS"
         fails=$((fails + 1))
         echo "  $scen c=$conns round $round $side: FAIL (no wrk result, see $out.txt)"
@@ -706,18 +714,19 @@ run() {
                     data += d
             }
             db = v[1, "busy"] - v[0, "busy"]; dt = v[1, "total"] - v[0, "total"]
-            printf "%d %.1f %.1f %.1f %.1f %.1f %.2f %.2f %.0f %d %d %d\n", n,
+            printf "%d %.1f %.1f %.1f %.1f %.1f %.2f %.2f %.0f %d %d %d %.1f\n", n,
                 (v[1, "edge"] - v[0, "edge"]) * us / n,
                 (v[1, "edge_sys"] - v[0, "edge_sys"]) * us / n,
                 (v[1, "redis"] - v[0, "redis"]) * us / n,
                 (v[1, "upstream"] - v[0, "upstream"]) * us / n,
                 db * us / n, client / n, data / n,
-                (dt > 0 ? 100 * ncpu * db / dt : 0), aborted, bad, errs
+                (dt > 0 ? 100 * ncpu * db / dt : 0), aborted, bad, errs,
+                (v[1, "redis_masters"] - v[0, "redis_masters"]) * us / n
         }' "$s0" "$s1" "$s0.info" "$s1.info" "$DIR/$edge/bad.log" "$DIR/$edge/error.log")
 
-    local handled cpu_ng cpu_ns cpu_rd cpu_up cpu_box client data busy
+    local handled cpu_ng cpu_ns cpu_rd cpu_up cpu_box client data busy cpu_rm
     read -r handled cpu_ng cpu_ns cpu_rd cpu_up cpu_box client data busy \
-        aborted bad errs <<< "$row"
+        aborted bad errs cpu_rm <<< "$row"
 
     local requests=${W[requests]} conn_err=$((W[err_connect] + W[err_read] + W[err_write]))
 
@@ -758,11 +767,11 @@ run() {
     fi
     [ "$ok" = 1 ] || fails=$((fails + 1))
 
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
         "$scen" "$conns" "$round" "$side" "$requests" "$aborted" "${W[rps]}" \
         "${W[p50_us]}" "${W[p99_us]}" "$cpu_ng" "$cpu_rd" "$cpu_box" "$cpu_up" \
         "$client" "$data" "$upreqs" "$busy" "$ok" "$prob" "$cpu_ns" "$handled" \
-        >> "$RUNS"
+        "$cpu_rm" >> "$RUNS"
 
     printf '  %-14s c=%-4s #%s %-6s %6.0f r/s  p50 %6.2f  p99 %7.2f ms  us/req: nginx %5.1f (sys %5.1f) redis %6.1f upstream %5.1f box %6.1f  cmds %4s  upstream %6s  cpu %3s%%  %s\n' \
         "$scen" "$conns" "$round" "$side" "${W[rps]}" \
@@ -1005,7 +1014,7 @@ summary() {
         if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
         add("rps", s, $7); add("p50", s, $8); add("p99", s, $9)
         add("ng", s, $10); add("rd", s, $11); add("box", s, $12)
-        add("cl", s, $14); add("da", s, $15)
+        add("cl", s, $14); add("da", s, $15); add("rm", s, $22)
         v[k, $3, s, "rps"] = $7; v[k, $3, s, "p99"] = $9
         v[k, $3, s, "ng"] = $10
         if ($3 > rounds[k]) rounds[k] = $3
@@ -1027,7 +1036,7 @@ summary() {
             # 8-10 p99 ms and ratio; 11-13 nginx us/req and ratio; 14 redis
             # us/req; 15-16 box us/req; 17-18 redis client and Lua cmds/req;
             # 19 check
-            printf "%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%s\n",
+            printf "%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%s\t%.1f\n",
                 kk[1], kk[2],
                 m("rps", "plain"), m("rps", "module"), median(r1),
                 m("p50", "plain") / 1000, m("p50", "module") / 1000,
@@ -1035,13 +1044,13 @@ summary() {
                 m("ng", "plain"), m("ng", "module"), median(r3),
                 m("rd", "module"), m("box", "plain"), m("box", "module"),
                 m("cl", "module"), m("da", "module"),
-                bad[k] ? "FAIL" : "OK"
+                bad[k] ? "FAIL" : "OK", m("rm", "module")
         }
     }' "$RUNS"
 }
 
 {
-    printf 'scenario\tconns\tplain_rps\tmodule_rps\trps_ratio\tplain_p50_ms\tmodule_p50_ms\tplain_p99_ms\tmodule_p99_ms\tp99_ratio\tplain_nginx_us\tmodule_nginx_us\tnginx_ratio\tredis_us_per_req\tplain_box_us\tmodule_box_us\tclient_cmds_per_req\tdata_cmds_per_req\tcheck\n'
+    printf 'scenario\tconns\tplain_rps\tmodule_rps\trps_ratio\tplain_p50_ms\tmodule_p50_ms\tplain_p99_ms\tmodule_p99_ms\tp99_ratio\tplain_nginx_us\tmodule_nginx_us\tnginx_ratio\tredis_us_per_req\tplain_box_us\tmodule_box_us\tclient_cmds_per_req\tdata_cmds_per_req\tcheck\tredis_masters_us_per_req\n'
     summary
 } > "$DIR/summary.tsv"
 
@@ -1066,8 +1075,11 @@ report() {
     # per request (/proc), sum over every node for the cluster
     echo "== Redis CPU per request (us of Redis process CPU, /proc; cluster: all 6 nodes) =="
     awk -F'\t' 'NR > 1 && $2 == 32 {
-        printf "  %-14s %7.1f us/req   %4.2f client cmds/req (%4.2f data)\n",
-            $1, $14, $17, $18
+        printf "  %-14s %7.1f us/req   %4.2f client cmds/req (%4.2f data)", $1,
+            $14, $17, $18
+        if ($1 ~ /^cluster/)
+            printf "   masters %.1f + replicas %.1f", $20, $14 - $20
+        printf "\n"
     }' "$DIR/summary.tsv"
     awk -F'\t' 'NR > 1 && $1 > 0 {
         printf "  %-14s %7.1f us/req   (waiter %.1f us, original %.1f us)\n",
