@@ -263,6 +263,7 @@ async def main():
     base_cmds, base_cpu = delta(s0, s1)
     base_cpu -= idle * (time.perf_counter() - t0)
     base_ok = len(b.keys)
+    base_keys = b.keys
 
     b.originals = []
     b.keys = []
@@ -283,12 +284,12 @@ async def main():
     total = sum(cmds.values())
     cpu_orig = base_cpu / max(1, base_ok)
 
-    runs_bad = [k for k in b.keys if up.runs.get(k, 0) != 1]
+    runs_bad = [k for k in base_keys + b.keys if up.runs.get(k, 0) != 1]
     for k in runs_bad[:10]:
         b.problem("%s: the upstream ran %d times" % (k, up.runs.get(k, 0)))
-    if n < a.trials:
-        b.problem("%d of %d trials did not complete" % (a.trials - n,
-                                                         a.trials))
+    if n < a.trials or base_ok < a.baseline:
+        b.problem("%d of %d trials did not complete" % (
+            a.trials + a.baseline - n - base_ok, a.trials + a.baseline))
 
     lat = [x * 1000 for x in b.latencies]
     orig = [x * 1000 for x in b.originals]
