@@ -9,7 +9,7 @@ pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       prometheus    # promtool: t/017 checks the metrics and alert rules
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
-      libipc-run-perl openssl python3-grpcio
+      libipc-run-perl openssl python3 python3-grpcio
       build-essential debhelper dpkg-dev fakeroot lintian "$@")
 
 missing=()
