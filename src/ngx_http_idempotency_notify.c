@@ -52,6 +52,9 @@ typedef struct {
 
 static ngx_http_idempotency_notify_t *ngx_http_idempotency_notify_create(
     ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_notify_reconnect(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_notify_moved(
+    ngx_http_idempotency_node_t *node);
 static ngx_http_idempotency_notify_key_t *ngx_http_idempotency_notify_key(
     ngx_http_idempotency_notify_t *n, ngx_str_t *rkey, ngx_uint_t create);
 static void ngx_http_idempotency_notify_dirty(ngx_http_idempotency_notify_t *n,
@@ -84,9 +87,9 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
 
     redis = ctx->redis;
 
-    /* a cluster or a Sentinel master: not yet, those waiters poll */
+    /* a cluster: not yet, its waiters poll */
 
-    if (redis->seeds || redis->sentinel || redis->exiting) {
+    if (redis->seeds || redis->exiting) {
         return NGX_DECLINED;
     }
 
@@ -135,10 +138,15 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
         }
     }
 
-    if (!n->node.open && !n->node.reconnect_ev.timer_set
-        && !ngx_exiting && !ngx_quit && !ngx_terminate)
+    if (n->node.open && redis->sentinel
+        && ngx_http_idempotency_notify_moved(&n->node))
     {
-        ngx_http_idempotency_redis_connect(&n->node);
+        /* subscribed to a master the Sentinels replaced: to the new one */
+        ngx_http_idempotency_conn_close(&n->node);
+    }
+
+    if (!n->node.open && !n->node.reconnect_ev.timer_set) {
+        ngx_http_idempotency_notify_reconnect(&n->node.reconnect_ev);
     }
 
     key = w->key;
@@ -214,6 +222,7 @@ ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
 
     ngx_http_idempotency_node_init(&n->node, redis, redis->log);
     n->node.notify = 1;
+    n->node.reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
 
     ngx_rbtree_init(&n->tree, &n->sentinel, ngx_str_rbtree_insert_value);
     ngx_queue_init(&n->dirty);
@@ -225,6 +234,79 @@ ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
     redis->notify = n;
 
     return n;
+}
+
+
+/*
+ * With Sentinels, the subscriber goes to the master the Sentinels named
+ * last, as redis.c's node does; a demoted master still delivers what its
+ * new master publishes (replicated), and a lost one is left for the next.
+ */
+
+static void
+ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
+{
+    ngx_http_idempotency_node_t *node = ev->data;
+
+    ngx_addr_t                    *a, *m;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = node->redis;
+
+    if (redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
+        || node->open)
+    {
+        return;
+    }
+
+    if (redis->sentinel) {
+        if (redis->node == NULL || redis->node->naddrs == 0) {
+            /* no master named yet: the next waiter tries again */
+            return;
+        }
+
+        m = &redis->node->addrs[redis->node->addr % redis->node->naddrs];
+
+        a = ngx_alloc(sizeof(ngx_addr_t) + m->socklen + m->name.len,
+                      redis->log);
+        if (a == NULL) {
+            return;
+        }
+
+        a->sockaddr = (struct sockaddr *) &a[1];
+        a->socklen = m->socklen;
+        ngx_memcpy(a->sockaddr, m->sockaddr, m->socklen);
+        a->name.data = (u_char *) a->sockaddr + m->socklen;
+        a->name.len = m->name.len;
+        ngx_memcpy(a->name.data, m->name.data, m->name.len);
+
+        ngx_free(node->addrs);
+        node->addrs = a;
+        node->naddrs = 1;
+        node->addr = 0;
+    }
+
+    ngx_http_idempotency_redis_connect(node);
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_notify_moved(ngx_http_idempotency_node_t *node)
+{
+    ngx_addr_t                   *m;
+    ngx_http_idempotency_node_t  *master;
+
+    master = node->redis->node;
+
+    if (master == NULL || master->naddrs == 0 || node->naddrs == 0) {
+        return 0;
+    }
+
+    m = &master->addrs[master->addr % master->naddrs];
+
+    return ngx_cmp_sockaddr(m->sockaddr, m->socklen, node->addrs->sockaddr,
+                            node->addrs->socklen, 1)
+           != NGX_OK;
 }
 
 

@@ -8,8 +8,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
-use IO::Socket::INET;
-use IO::Select;
+use Wake;
 use Time::HiRes qw(sleep time);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
@@ -27,20 +26,10 @@ my $root = fleet_root('wake');
 redis_cli(qw(ACL SETUSER wake_nosub reset on >pw ~* &* +@all -ssubscribe
              -spublish));
 END { redis_cli(qw(ACL DELUSER wake_nosub)) }
-our $path = '/pay';
+$Wake::port = $port;
 
-# X-Mode picks the backend; headers are not in the fingerprint
-my $dir = nginx_conf('wake', <<"EOC", $workers);
-    log_format backend '\$http_idempotency_key \$uri';
-    server {
-        listen 127.0.0.1:$port reuseport;
-        idempotency_redis 127.0.0.1:$rp;
-        location = /pay {
-            idempotency on;
-            idempotency_wait 5s;
-            add_header X-Idem \$idempotency_status always;
-            proxy_pass http://127.0.0.1:$port/backend\$http_x_mode;
-        }
+my $dir = nginx_conf('wake', wake_server($port, "$root/wake", "127.0.0.1:$rp",
+                                         <<"EOC"), $workers);
         # a user that may neither SSUBSCRIBE nor SPUBLISH: polling
         location = /pay-acl {
             idempotency on;
@@ -48,11 +37,6 @@ my $dir = nginx_conf('wake', <<"EOC", $workers);
             idempotency_redis 127.0.0.1:$rp user=wake_nosub password=pw;
             add_header X-Idem \$idempotency_status always;
             proxy_pass http://127.0.0.1:$port/backend;
-        }
-        location = /backend {
-            access_log $root/wake/logs/backend.log backend;
-            echo_sleep 0.3;
-            echo "ok \$request_id";
         }
         location = /backend-long {
             access_log $root/wake/logs/backend.log backend;
@@ -65,7 +49,6 @@ my $dir = nginx_conf('wake', <<"EOC", $workers);
             echo_status 500;
             echo "failed";
         }
-    }
 EOC
 
 nginx_start($dir);
@@ -76,70 +59,7 @@ sub runs {
     return upstream_runs($dir)->{"$key $uri"} // 0;
 }
 
-sub stats {
-    my %s;
-    for (split /\r?\n/, redis_cli('INFO', 'commandstats')) {
-        $s{$1} = $2 if /^cmdstat_(\w+):calls=(\d+)/;
-    }
-    return \%s;
-}
-
-sub connect_send {
-    my ($key, $mode) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port")
-        or die "connect: $!";
-    my $extra = $mode ? "X-Mode: $mode\r\n" : '';
-    syswrite($s, "POST $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                 . "Idempotency-Key: $key\r\n${extra}Content-Length: 1"
-                 . "\r\n\r\nx");
-    return $s;
-}
-
-# one original, then duplicates at $at seconds after it (a list); during
-# the wait $during->() runs.  Returns the original and the duplicates,
-# each {status, idem, body, done: when its response was complete}
-sub round {
-    my ($key, $mode, $at, $during) = @_;
-    my $t0 = time;
-    my @conns = ({ s => connect_send($key, $mode), t => $t0 });
-    for my $a (@$at) {
-        my $left = $t0 + $a - time;
-        sleep $left if $left > 0;
-        push @conns, { s => connect_send($key) };
-    }
-    $during->() if $during;
-    my $sel = IO::Select->new(map { $_->{s} } @conns);
-    my %by = map { fileno($_->{s}) => $_ } @conns;
-    my $deadline = time + 10 * $slow;
-    while ($sel->count && time < $deadline) {
-        for my $s ($sel->can_read($deadline - time)) {
-            my $c = $by{fileno $s};
-            my $n = sysread($s, my $b, 65536);
-            if ($n) { $c->{buf} .= $b; next }
-            $c->{done} = time;
-            $sel->remove($s);
-            close $s;
-        }
-    }
-    for my $c (@conns) {
-        my $res = $c->{buf} // '';
-        ($c->{status}) = $res =~ m{^HTTP/1\.[01] (\d+)};
-        ($c->{idem}) = $res =~ /^X-Idem: (\w+)/mi;
-        # chunked or not: the backend's answer names its request
-        ($c->{body}) = $res =~ /^(ok \w+|failed)$/m;
-        $c->{body} //= '';
-        $c->{status} //= 0;
-        $c->{idem} //= '-';
-        $c->{done} //= time;
-    }
-    return @conns;
-}
-
-sub pct {
-    my ($p, @v) = @_;
-    @v = sort { $a <=> $b } @v;
-    return $v[int($p * $#v + 0.5)] * 1000;
-}
+sub stats { commandstats($rp) }
 
 my $dups = 8;
 my @at = map { 0.08 + 0.005 * $_ } 0 .. $dups - 1;
@@ -158,7 +78,7 @@ for my $i (0 .. 5) {
                    || $_->{body} ne $orig->{body} } @d;
     push @lat, map { $_->{done} - $orig->{done} } @d if $i;
     is(runs("wake-$i", '/backend'), 1, "round $i: the upstream ran once");
-    $first = stats()->{set} - $start->{set} - 2 - $dups if $i == 0;
+    $first = stats()->{set} - ($start->{set} // 0) - 2 - $dups if $i == 0;
 }
 my $after = stats();
 is($bad, 0, "every duplicate got the original's response replayed");
@@ -238,7 +158,7 @@ like(redis_cli('PUBSUB', 'SHARDCHANNELS'), qr/^\s*$/,
 # in the worker: the waiters poll, no reconnect loop; a refused SPUBLISH
 # does not fail the store
 {
-    local $path = '/pay-acl';
+    local $Wake::path = '/pay-acl';
     my ($orig, @d) = round('wake-acl', undef, \@at);
     is("$orig->{status} $orig->{idem}", '200 new', "no wake-ups: the original");
     is(scalar(grep { "$_->{status} $_->{idem}" eq '200 replay' } @d), $dups,
