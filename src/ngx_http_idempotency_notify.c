@@ -560,8 +560,8 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
     key = ngx_http_idempotency_notify_key(n, &channel, 0);
 
     if (key == NULL || key->pending == 0) {
-        /* nothing of ours asked for it: a confused server */
-        return NGX_DECLINED;
+        /* nothing waits for it: harmless */
+        return NGX_DONE;
     }
 
     /* confirmed: the last SSUBSCRIBE sent for the key took effect */

@@ -16,7 +16,7 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $rp = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
-my $port = 20220;
+my ($port, $port2) = (20220, 20221);
 my $workers = 2;
 
 plan skip_all => 'needs Redis 7 (SPUBLISH, SSUBSCRIBE)'
@@ -29,7 +29,7 @@ END { redis_cli(qw(ACL DELUSER wake_nosub)) }
 $Wake::port = $port;
 
 my $dir = nginx_conf('wake', wake_server($port, "$root/wake", "127.0.0.1:$rp",
-                                         <<"EOC"), $workers);
+                                         <<"EOC") . <<"EOC", $workers);
         # a user that may neither SSUBSCRIBE nor SPUBLISH: polling
         location = /pay-acl {
             idempotency on;
@@ -49,6 +49,17 @@ my $dir = nginx_conf('wake', wake_server($port, "$root/wake", "127.0.0.1:$rp",
             echo_status 500;
             echo "failed";
         }
+EOC
+    server {
+        # the same /pay, a wait shorter than the original
+        listen 127.0.0.1:$port2;
+        idempotency_redis 127.0.0.1:$rp;
+        location = /pay {
+            idempotency on;
+            idempotency_wait 100ms;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+    }
 EOC
 
 nginx_start($dir);
@@ -149,12 +160,28 @@ diag(sprintf "per waiting duplicate: %.2f claims while waiting (%.2f in "
     cmp_ok($late, '<', 0.05 * $slow, "woken, not polled, after the kill");
 }
 
-# 4. nothing waits any more: no subscription is left
+# 4. waiters that leave before the original completes: a client that
+# closes its connection, a wait that ends in 409; the others are woken
+{
+    my $r;
+    my ($orig, @d) = round('wake-leave', undef, \@at, sub {
+        my $s = Wake::connect_send('wake-leave');
+        $r = http_post($port2, 'wake-leave', 'x', '/pay', undef, 5);
+        close $s;
+    });
+    is($r->{status}, 409, "a wait shorter than the original: 409");
+    is(scalar(grep { "$_->{status} $_->{idem}" eq '200 replay' } @d), $dups,
+       "the waiters that stayed were replayed");
+    my $late = (sort { $b <=> $a } map { $_->{done} - $orig->{done} } @d)[0];
+    cmp_ok($late, '<', 0.05 * $slow, "and woken");
+}
+
+# 5. nothing waits any more: no subscription is left
 sleep 0.2;
 like(redis_cli('PUBSUB', 'SHARDCHANNELS'), qr/^\s*$/,
      "no channel subscribed once nobody waits");
 
-# 5. SSUBSCRIBE refused (an ACL here, Redis 6 alike) turns wake-ups off
+# 6. SSUBSCRIBE refused (an ACL here, Redis 6 alike) turns wake-ups off
 # in the worker: the waiters poll, no reconnect loop; a refused SPUBLISH
 # does not fail the store
 {
@@ -171,7 +198,7 @@ like(redis_cli('PUBSUB', 'SHARDCHANNELS'), qr/^\s*$/,
     cmp_ok($refused, '<=', $workers, "once per worker, not retried");
 }
 
-# 6. a reload: the new workers wake waiters too
+# 7. a reload: the new workers wake waiters too
 nginx_signal($dir, 'reload');
 sleep 1 * $slow;
 {
