@@ -1,10 +1,12 @@
-# Wake-ups with Redis Sentinel (util/topology.sh sentinel): the worker's
-# subscriber connection goes to the master the Sentinels named, waiting
-# duplicates are woken within a few ms of the original's completion, and
-# still after a failover (the subscriber follows the new master, or the
-# demoted one delivers what is replicated to it).
-# Plain Test::More; Redis on TOPO_BASE+31..+43, nginx on TOPO_BASE+310
-# (TOPO_BASE defaulting to 25000).
+# Wake-ups on Redis topologies (util/topology.sh):
+# - sentinel: the worker's subscriber connection goes to the master the
+#   Sentinels named, waiting duplicates are woken within a few ms of the
+#   original's completion, and still after a failover (the subscriber
+#   follows the new master)
+# - standalone-tls: the subscriber connects with TLS, a client
+#   certificate and an ACL user, and wakes the waiters
+# Plain Test::More; Redis on TOPO_BASE+0..+1 and +31..+43, nginx on
+# TOPO_BASE+310..+311 (TOPO_BASE defaulting to 25000).
 use strict;
 use warnings;
 use Test::More;
@@ -25,10 +27,10 @@ my @sentinels = map { $base + $_ } 41 .. 43;
 my $port = $base + 310;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 
-my $up;
+my @up;
 END {
     local $?;
-    system("$topo down sentinel >/dev/null 2>&1") if $up;
+    system("$topo down $_ >/dev/null 2>&1") for @up;
 }
 
 sub topo {
@@ -43,7 +45,7 @@ sub master_port {
     return (split /\n/, $out)[1];
 }
 
-$up = 1;
+push @up, 'sentinel';
 topo('up', 'sentinel');
 my $master = master_port();
 
@@ -62,7 +64,7 @@ my @at = map { 0.08 + 0.005 * $_ } 0 .. 5;
 sub wake_round {
     my ($key, $on) = @_;
     my $subs = 0;
-    my ($orig, @d) = round($key, undef, \@at, sub {
+    my ($orig, @d) = round($key, undef, \@at, $on && sub {
         sleep 0.05;
         my ($ch) = split /\n/, redis_cli_at($on, 'PUBSUB', 'SHARDCHANNELS');
         my $n = redis_cli_at($on, 'PUBSUB', 'SHARDNUMSUB', $ch // 'none');
@@ -99,5 +101,29 @@ for my $i (2 .. 3) {
 nginx_stop($dir);
 is(join('', log_problems("$dir/logs/error.log")), '',
    'no crash, alert or socket left');
+topo('down', 'sentinel');
+@up = ();
+
+# TLS with a required client certificate, as the ACL user
+push @up, 'standalone-tls';
+topo('up', 'standalone-tls');
+my $pki = "$ENV{TOPO_DIR}/tls";
+my $tls = nginx_conf('tls', wake_server($port + 1, "$root/tls",
+    "127.0.0.1:@{[ $base + 1 ]} tls user=idem password=idem-password;"
+    . " idempotency_redis_tls_trusted_certificate $pki/ca.crt;"
+    . " idempotency_redis_tls_certificate $pki/client.crt;"
+    . " idempotency_redis_tls_certificate_key $pki/client.key"), 2);
+nginx_start($tls);
+$Wake::port = $port + 1;
+sleep 1 * $slow;
+wake_round('wt-0');
+($late) = wake_round('wt-1');
+cmp_ok($late, '<', 0.05 * $slow, 'TLS: woken within 50 ms')
+    or diag sprintf '%.1f ms', $late * 1000;
+note sprintf 'TLS: latest duplicate %.1f ms after the original',
+             $late * 1000;
+nginx_stop($tls);
+is(join('', log_problems("$tls/logs/error.log")), '',
+   'TLS: no crash, alert or socket left');
 
 done_testing();
