@@ -4,9 +4,10 @@
  *
  * Wake-ups of waiting duplicates.  The finish script publishes on the
  * channel named after the record key (SPUBLISH) when it stores or releases
- * a record; each worker keeps, per standalone Redis target, one subscriber
- * connection (a node of redis.c in subscribed mode) and one SSUBSCRIBE per
- * key that has waiters in the worker.  A message, or the confirmation of a
+ * a record; each worker keeps, per standalone or Sentinel target, one
+ * subscriber connection (a node of redis.c in subscribed mode) and one
+ * SSUBSCRIBE per key that has waiters in the worker (a cluster's waiters
+ * poll).  A message, or the confirmation of a
  * subscription, makes every waiter of the key claim again at once.  Polling
  * stays as the safety net: slow while subscribed, as before while not.
  */
@@ -80,8 +81,8 @@ ngx_int_t
 ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
     ngx_msec_t *delay)
 {
-    ngx_http_idempotency_notify_t         *n;
     ngx_http_idempotency_redis_t          *redis;
+    ngx_http_idempotency_notify_t         *n;
     ngx_http_idempotency_notify_key_t     *key;
     ngx_http_idempotency_notify_waiter_t  *w;
 
@@ -239,8 +240,9 @@ ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
 
 /*
  * With Sentinels, the subscriber goes to the master the Sentinels named
- * last, as redis.c's node does; a demoted master still delivers what its
- * new master publishes (replicated), and a lost one is left for the next.
+ * last, as redis.c's node does; a demoted master does not deliver what its
+ * new master publishes, so a waiter that finds the master switched closes
+ * the subscriber (notify_moved) and it comes here again.
  */
 
 static void
