@@ -680,6 +680,11 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
     conf = ctx->conf;
 
+    if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_CONFLICT) {
+        /* a waiter no longer */
+        ngx_http_idempotency_notify_unwatch(ctx);
+    }
+
     switch (ctx->go) {
 
     case NGX_HTTP_IDEMPOTENCY_GO_OWNER:
@@ -714,9 +719,17 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
             left = (ngx_msec_int_t) (ctx->wait_until - ngx_current_msec);
 
             if (left > 0) {
-                delay = ngx_min(ctx->poll_delay, (ngx_msec_t) left);
-                ctx->poll_delay = ngx_min(ctx->poll_delay * 2,
-                                          NGX_HTTP_IDEMPOTENCY_POLL_MAX);
+                /* woken by the original's completion, or polling */
+
+                if (ngx_http_idempotency_notify_watch(ctx, &delay)
+                    != NGX_OK)
+                {
+                    delay = ctx->poll_delay;
+                    ctx->poll_delay = ngx_min(ctx->poll_delay * 2,
+                                              NGX_HTTP_IDEMPOTENCY_POLL_MAX);
+                }
+
+                delay = ngx_min(delay, (ngx_msec_t) left);
 
                 ctx->state = NGX_HTTP_IDEMPOTENCY_ST_POLLING;
                 ngx_http_idempotency_suspend(r, ctx, delay);
@@ -848,6 +861,7 @@ ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
     }
 
     ngx_http_idempotency_wait_detach(ctx);
+    ngx_http_idempotency_notify_unwatch(ctx);
 
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);

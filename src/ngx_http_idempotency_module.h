@@ -166,6 +166,7 @@ typedef struct {
     unsigned                         up:1;       /* handshake succeeded */
     unsigned                         was_up:1;
     unsigned                         refused:1;  /* refusal logged */
+    unsigned                         notify:1;   /* notify.c's subscriber */
 } ngx_http_idempotency_node_t;
 
 
@@ -203,6 +204,7 @@ struct ngx_http_idempotency_redis_s {
     /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
     ngx_array_t                     *seeds;
     void                            *cluster;    /* per worker */
+    void                            *notify;     /* notify.c, per worker */
 
     ngx_log_t                       *log;
 
@@ -310,6 +312,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_event_handler_pt             write_handler;
     ngx_msec_t                       wait_until;
     ngx_msec_t                       poll_delay;
+    void                            *notify;     /* notify.c: a waiter */
 
     ngx_http_idempotency_record_t    record;
     ngx_http_idempotency_capture_t   capture;
@@ -581,6 +584,17 @@ ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
 void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info);
+
+/* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
+ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
+    ngx_msec_t *delay);
+void ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply);
+void ngx_http_idempotency_notify_up(ngx_http_idempotency_node_t *node);
+ngx_uint_t ngx_http_idempotency_notify_closed(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;

@@ -133,6 +133,8 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 
     redis->exiting = 1;
 
+    ngx_http_idempotency_notify_exit(redis);
+
     if (redis->seeds) {
         ngx_http_idempotency_cluster_exit(redis);
         return;
@@ -279,6 +281,11 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
+    if (node->notify) {
+        /* a subscriber runs no scripts */
+        return;
+    }
+
     if (redis->sentinel
         && ngx_http_idempotency_sentinel_handshake(node) != NGX_OK)
     {
@@ -402,6 +409,12 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
         ngx_log_error(NGX_LOG_INFO, redis->log, 0,
                       "idempotency: redis \"%V\" refused CLIENT SETNAME: %V",
                       &redis->name, &err);
+    }
+
+    if (node->notify) {
+        /* notify.c's subscriber: not what redis_up counts */
+        ngx_http_idempotency_notify_up(node);
+        return;
     }
 
     if (redis->seeds) {
@@ -734,6 +747,13 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 {
     ngx_http_idempotency_op_t  *op;
 
+    if (node->notify
+        && ngx_http_idempotency_notify_reply(node, reply) == NGX_DONE)
+    {
+        freeReplyObject(reply);
+        return node->open ? NGX_OK : NGX_ERROR;
+    }
+
     if (node->redis->sentinel
         && ngx_http_idempotency_sentinel_reply(node, reply) == NGX_DONE)
     {
@@ -840,6 +860,14 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
     if (node->reset_ev.posted) {
         ngx_delete_posted_event(&node->reset_ev);
+    }
+
+    if (node->notify) {
+        if (ngx_http_idempotency_notify_closed(node)) {
+            ngx_http_idempotency_redis_schedule(node);
+        }
+
+        return;
     }
 
     /* a cluster node that left the slot map is no lost Redis */

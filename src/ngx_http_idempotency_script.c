@@ -27,7 +27,9 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
  * finish: KEYS[1] record key, ARGV[1] our claim record, ARGV[2] the final
  * record (empty: release), ARGV[3] ttl (ms).  Only the owner of the claim
  * may finish it: after lock_ttl another request may own the key.  A store
- * sent again after a lost connection finds its own record: done.
+ * sent again after a lost connection finds its own record: done.  Waiting
+ * duplicates are woken on the key's own channel (notify.c); pcall: Redis 6
+ * has no SPUBLISH, an ACL may forbid it, neither fails the store.
  */
 
 ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
@@ -39,6 +41,7 @@ ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
     "else\n"
     "  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n"
     "end\n"
+    "redis.pcall('SPUBLISH', KEYS[1], ARGV[2] == '' and 'r' or 's')\n"
     "return 1\n"
 );
 

@@ -1,0 +1,750 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * Wake-ups of waiting duplicates.  The finish script publishes on the
+ * channel named after the record key (SPUBLISH) when it stores or releases
+ * a record; each worker keeps, per standalone or Sentinel target, one
+ * subscriber connection (a node of redis.c in subscribed mode) and one
+ * SSUBSCRIBE per key that has waiters in the worker (a cluster's waiters
+ * poll).  A message, or the confirmation of a
+ * subscription, makes every waiter of the key claim again at once.  Polling
+ * stays as the safety net: slow while subscribed, as before while not.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+/* while subscribed, only lost messages and expired locks are polled for */
+#define NGX_HTTP_IDEMPOTENCY_NOTIFY_POLL         1000
+#define NGX_HTTP_IDEMPOTENCY_NOTIFY_BACKOFF_MIN  10
+
+
+typedef struct {
+    ngx_str_node_t                   sn;         /* the channel: the rkey */
+    ngx_queue_t                      waiters;
+    ngx_queue_t                      dirty;      /* in notify->dirty */
+    ngx_uint_t                       pending;    /* confirmations to come */
+    unsigned                         in_dirty:1;
+    unsigned                         subscribed:1;   /* sent, not undone */
+    unsigned                         confirmed:1;
+} ngx_http_idempotency_notify_key_t;
+
+
+typedef struct {
+    ngx_queue_t                      queue;      /* in key->waiters */
+    ngx_http_idempotency_ctx_t      *ctx;
+    ngx_http_idempotency_notify_key_t  *key;
+    unsigned                         checked:1;  /* claimed once subscribed */
+    unsigned                         again:1;    /* woken during a claim */
+} ngx_http_idempotency_notify_waiter_t;
+
+
+typedef struct {
+    ngx_http_idempotency_node_t      node;
+    ngx_rbtree_t                     tree;
+    ngx_rbtree_node_t                sentinel;
+    ngx_queue_t                      dirty;
+    ngx_event_t                      batch_ev;
+    unsigned                         off:1;      /* refused: poll only */
+} ngx_http_idempotency_notify_t;
+
+
+static ngx_http_idempotency_notify_t *ngx_http_idempotency_notify_create(
+    ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_notify_reconnect(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_notify_moved(
+    ngx_http_idempotency_node_t *node);
+static ngx_http_idempotency_notify_key_t *ngx_http_idempotency_notify_key(
+    ngx_http_idempotency_notify_t *n, ngx_str_t *rkey, ngx_uint_t create);
+static void ngx_http_idempotency_notify_dirty(ngx_http_idempotency_notify_t *n,
+    ngx_http_idempotency_notify_key_t *key);
+static void ngx_http_idempotency_notify_free_key(
+    ngx_http_idempotency_notify_t *n, ngx_http_idempotency_notify_key_t *key);
+static void ngx_http_idempotency_notify_batch(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_notify_send(
+    ngx_http_idempotency_notify_t *n, const char *cmd, ngx_uint_t subscribe);
+static void ngx_http_idempotency_notify_wake_key(
+    ngx_http_idempotency_notify_key_t *key);
+static ngx_uint_t ngx_http_idempotency_notify_is(redisReply *r,
+    const char *s);
+
+
+/*
+ * A duplicate found the key claimed: NGX_OK and the delay before it claims
+ * again (0: at once, to close the race with the subscription), or
+ * NGX_DECLINED: no wake-up will come, poll as without notifications.
+ */
+
+ngx_int_t
+ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
+    ngx_msec_t *delay)
+{
+    ngx_http_idempotency_redis_t          *redis;
+    ngx_http_idempotency_notify_t         *n;
+    ngx_http_idempotency_notify_key_t     *key;
+    ngx_http_idempotency_notify_waiter_t  *w;
+
+    redis = ctx->redis;
+
+    /* a cluster: not yet, its waiters poll */
+
+    if (redis->seeds || redis->exiting) {
+        return NGX_DECLINED;
+    }
+
+    n = redis->notify;
+
+    if (n == NULL) {
+        if (ngx_exiting || ngx_quit || ngx_terminate) {
+            return NGX_DECLINED;
+        }
+
+        n = ngx_http_idempotency_notify_create(redis);
+        if (n == NULL) {
+            return NGX_DECLINED;
+        }
+    }
+
+    if (n->off) {
+        return NGX_DECLINED;
+    }
+
+    w = ctx->notify;
+
+    if (w == NULL) {
+        key = ngx_http_idempotency_notify_key(n, &ctx->rkey, 1);
+        if (key == NULL) {
+            return NGX_DECLINED;
+        }
+
+        w = ngx_pcalloc(ctx->request->pool,
+                        sizeof(ngx_http_idempotency_notify_waiter_t));
+        if (w == NULL) {
+            if (ngx_queue_empty(&key->waiters)) {
+                ngx_http_idempotency_notify_dirty(n, key);
+            }
+
+            return NGX_DECLINED;
+        }
+
+        w->ctx = ctx;
+        w->key = key;
+        ngx_queue_insert_tail(&key->waiters, &w->queue);
+        ctx->notify = w;
+
+        if (!key->subscribed) {
+            ngx_http_idempotency_notify_dirty(n, key);
+        }
+    }
+
+    if (n->node.open && redis->sentinel
+        && ngx_http_idempotency_notify_moved(&n->node))
+    {
+        /* subscribed to a master the Sentinels replaced: to the new one */
+        ngx_http_idempotency_conn_close(&n->node);
+    }
+
+    if (!n->node.open && !n->node.reconnect_ev.timer_set) {
+        ngx_http_idempotency_notify_reconnect(&n->node.reconnect_ev);
+    }
+
+    key = w->key;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "idempotency notify watch: confirmed:%d checked:%d "
+                   "again:%d up:%d", key->confirmed, w->checked, w->again,
+                   n->node.up);
+
+    if (!key->confirmed) {
+        return NGX_DECLINED;
+    }
+
+    /*
+     * A completion before the subscription took effect was not published
+     * to us: the first claim sent after the confirmation tells.  So does a
+     * claim sent after a message that came while another was in flight.
+     */
+
+    if (w->again || !w->checked) {
+        w->again = 0;
+        w->checked = 1;
+        *delay = 0;
+        return NGX_OK;
+    }
+
+    *delay = NGX_HTTP_IDEMPOTENCY_NOTIFY_POLL;
+
+    return NGX_OK;
+}
+
+
+/* the request stops waiting: decided, finalized, aborted, timed out */
+
+void
+ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_notify_key_t     *key;
+    ngx_http_idempotency_notify_waiter_t  *w;
+
+    w = ctx->notify;
+
+    if (w == NULL) {
+        return;
+    }
+
+    ctx->notify = NULL;
+
+    /* a wake-up posted for a request that is going away */
+
+    if (ctx->timeout.posted) {
+        ngx_delete_posted_event(&ctx->timeout);
+    }
+
+    key = w->key;
+    ngx_queue_remove(&w->queue);
+
+    if (ngx_queue_empty(&key->waiters)) {
+        ngx_http_idempotency_notify_dirty(ctx->redis->notify, key);
+    }
+}
+
+
+static ngx_http_idempotency_notify_t *
+ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
+{
+    ngx_http_idempotency_notify_t  *n;
+
+    n = ngx_calloc(sizeof(ngx_http_idempotency_notify_t), redis->log);
+    if (n == NULL) {
+        return NULL;
+    }
+
+    ngx_http_idempotency_node_init(&n->node, redis, redis->log);
+    n->node.notify = 1;
+    n->node.reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
+
+    ngx_rbtree_init(&n->tree, &n->sentinel, ngx_str_rbtree_insert_value);
+    ngx_queue_init(&n->dirty);
+
+    n->batch_ev.handler = ngx_http_idempotency_notify_batch;
+    n->batch_ev.data = n;
+    n->batch_ev.log = redis->log;
+
+    redis->notify = n;
+
+    return n;
+}
+
+
+/*
+ * With Sentinels, the subscriber goes to the master the Sentinels named
+ * last, as redis.c's node does; a demoted master does not deliver what its
+ * new master publishes, so a waiter that finds the master switched closes
+ * the subscriber (notify_moved) and it comes here again.
+ */
+
+static void
+ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
+{
+    ngx_http_idempotency_node_t *node = ev->data;
+
+    ngx_addr_t                    *a, *m;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = node->redis;
+
+    if (redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
+        || node->open)
+    {
+        return;
+    }
+
+    if (redis->sentinel) {
+        if (redis->node == NULL || redis->node->naddrs == 0) {
+            /* no master named yet: the next waiter tries again */
+            return;
+        }
+
+        m = &redis->node->addrs[redis->node->addr % redis->node->naddrs];
+
+        a = ngx_alloc(sizeof(ngx_addr_t) + m->socklen + m->name.len,
+                      redis->log);
+        if (a == NULL) {
+            return;
+        }
+
+        a->sockaddr = (struct sockaddr *) &a[1];
+        a->socklen = m->socklen;
+        ngx_memcpy(a->sockaddr, m->sockaddr, m->socklen);
+        a->name.data = (u_char *) a->sockaddr + m->socklen;
+        a->name.len = m->name.len;
+        ngx_memcpy(a->name.data, m->name.data, m->name.len);
+
+        ngx_free(node->addrs);
+        node->addrs = a;
+        node->naddrs = 1;
+        node->addr = 0;
+    }
+
+    ngx_http_idempotency_redis_connect(node);
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_notify_moved(ngx_http_idempotency_node_t *node)
+{
+    ngx_addr_t                   *m;
+    ngx_http_idempotency_node_t  *master;
+
+    master = node->redis->node;
+
+    if (master == NULL || master->naddrs == 0 || node->naddrs == 0) {
+        return 0;
+    }
+
+    m = &master->addrs[master->addr % master->naddrs];
+
+    return ngx_cmp_sockaddr(m->sockaddr, m->socklen, node->addrs->sockaddr,
+                            node->addrs->socklen, 1)
+           != NGX_OK;
+}
+
+
+static ngx_http_idempotency_notify_key_t *
+ngx_http_idempotency_notify_key(ngx_http_idempotency_notify_t *n,
+    ngx_str_t *rkey, ngx_uint_t create)
+{
+    uint32_t                            hash;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    hash = ngx_crc32_short(rkey->data, rkey->len);
+
+    key = (ngx_http_idempotency_notify_key_t *)
+              ngx_str_rbtree_lookup(&n->tree, rkey, hash);
+
+    if (key || !create) {
+        return key;
+    }
+
+    key = ngx_calloc(sizeof(ngx_http_idempotency_notify_key_t) + rkey->len,
+                     n->node.redis->log);
+    if (key == NULL) {
+        return NULL;
+    }
+
+    key->sn.str.data = (u_char *) &key[1];
+    key->sn.str.len = rkey->len;
+    ngx_memcpy(key->sn.str.data, rkey->data, rkey->len);
+    key->sn.node.key = hash;
+
+    ngx_queue_init(&key->waiters);
+    ngx_rbtree_insert(&n->tree, &key->sn.node);
+
+    return key;
+}
+
+
+/* (un)subscriptions are batched: one command each per event loop turn */
+
+static void
+ngx_http_idempotency_notify_dirty(ngx_http_idempotency_notify_t *n,
+    ngx_http_idempotency_notify_key_t *key)
+{
+    if (!key->in_dirty) {
+        key->in_dirty = 1;
+        ngx_queue_insert_tail(&n->dirty, &key->dirty);
+    }
+
+    if (!n->batch_ev.posted) {
+        ngx_post_event(&n->batch_ev, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_idempotency_notify_free_key(ngx_http_idempotency_notify_t *n,
+    ngx_http_idempotency_notify_key_t *key)
+{
+    if (key->in_dirty) {
+        ngx_queue_remove(&key->dirty);
+    }
+
+    ngx_rbtree_delete(&n->tree, &key->sn.node);
+    ngx_free(key);
+}
+
+
+static void
+ngx_http_idempotency_notify_batch(ngx_event_t *ev)
+{
+    ngx_http_idempotency_notify_t *n = ev->data;
+
+    ngx_queue_t                        *q, *next;
+    ngx_http_idempotency_node_t        *node;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    node = &n->node;
+
+    if (node->up) {
+        if (!ngx_http_idempotency_notify_send(n, "SSUBSCRIBE", 1)
+            || !ngx_http_idempotency_notify_send(n, "SUNSUBSCRIBE", 0))
+        {
+            /* no memory: the connection and its subscriptions start over */
+            ngx_http_idempotency_conn_close(node);
+            return;
+        }
+    }
+
+    /* keys nobody waits for and no confirmation will name */
+
+    for (q = ngx_queue_head(&n->dirty);
+         q != ngx_queue_sentinel(&n->dirty);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        key = ngx_queue_data(q, ngx_http_idempotency_notify_key_t, dirty);
+
+        if (ngx_queue_empty(&key->waiters) && !key->subscribed
+            && key->pending == 0)
+        {
+            ngx_http_idempotency_notify_free_key(n, key);
+            continue;
+        }
+
+        if (node->up) {
+            ngx_queue_remove(q);
+            key->in_dirty = 0;
+        }
+    }
+}
+
+
+/*
+ * One SSUBSCRIBE with every dirty key that has waiters and no subscription,
+ * or one SUNSUBSCRIBE with every subscribed key that has none.  0: no memory.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_notify_send(ngx_http_idempotency_notify_t *n,
+    const char *cmd, ngx_uint_t subscribe)
+{
+    u_char                             *p;
+    size_t                              len;
+    ngx_uint_t                          nkeys, pass;
+    ngx_queue_t                        *q;
+    ngx_http_idempotency_node_t        *node;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    node = &n->node;
+    nkeys = 0;
+    len = sizeof("*\r\n$\r\n\r\n") - 1 + 2 * NGX_SIZE_T_LEN + ngx_strlen(cmd);
+    p = NULL;
+
+    /* the keys are counted, then written */
+
+    for (pass = 0; pass < 2; pass++) {
+
+        for (q = ngx_queue_head(&n->dirty);
+             q != ngx_queue_sentinel(&n->dirty);
+             q = ngx_queue_next(q))
+        {
+            key = ngx_queue_data(q, ngx_http_idempotency_notify_key_t, dirty);
+
+            if ((ngx_uint_t) !ngx_queue_empty(&key->waiters) != subscribe
+                || key->subscribed == subscribe)
+            {
+                continue;
+            }
+
+            if (pass == 0) {
+                nkeys++;
+                len += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN
+                       + key->sn.str.len;
+                continue;
+            }
+
+            p = ngx_sprintf(p, "$%uz\r\n%V\r\n", key->sn.str.len,
+                            &key->sn.str);
+            key->subscribed = subscribe;
+            key->confirmed = 0;
+            key->pending++;
+        }
+
+        if (pass == 1) {
+            break;
+        }
+
+        if (nkeys == 0) {
+            return 1;
+        }
+
+        p = ngx_http_idempotency_conn_reserve(node, len);
+        if (p == NULL) {
+            return 0;
+        }
+
+        p = ngx_sprintf(p, "*%ui\r\n$%uz\r\n%s\r\n", nkeys + 1,
+                        ngx_strlen(cmd), cmd);
+    }
+
+    node->out_last = p;
+
+    if (node->ready && !node->flush_ev.posted) {
+        ngx_post_event(&node->flush_ev, &ngx_posted_events);
+    }
+
+    return 1;
+}
+
+
+/*
+ * Replies on the subscriber node: confirmations and messages are taken
+ * here (NGX_DONE); the handshake's replies go to redis.c (NGX_DECLINED).
+ * An error to SSUBSCRIBE (Redis 6, an ACL) turns wake-ups off: polling.
+ */
+
+ngx_int_t
+ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply)
+{
+    ngx_str_t                           channel;
+    redisReply                         *kind, *ch;
+    ngx_http_idempotency_notify_t      *n;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    n = node->redis->notify;
+
+    if (reply->type == REDIS_REPLY_ERROR && node->head == NULL) {
+        ngx_log_error(NGX_LOG_WARN, node->redis->log, 0,
+                      "idempotency: redis \"%V\" refused SSUBSCRIBE: %*s "
+                      "(waiting duplicates poll; wake-ups need Redis 7 "
+                      "and +ssubscribe +spublish)", &node->redis->name,
+                      (size_t) ngx_min(reply->len, 128), reply->str);
+        n->off = 1;
+        ngx_http_idempotency_conn_close(node);
+        return NGX_DONE;
+    }
+
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
+        return NGX_DECLINED;
+    }
+
+    kind = reply->element[0];
+    ch = reply->element[1];
+
+    if (kind == NULL || ch == NULL || kind->type != REDIS_REPLY_STRING
+        || ch->type != REDIS_REPLY_STRING)
+    {
+        return NGX_DECLINED;
+    }
+
+    channel.data = (u_char *) ch->str;
+    channel.len = ch->len;
+
+    if (ngx_http_idempotency_notify_is(kind, "smessage")) {
+        key = ngx_http_idempotency_notify_key(n, &channel, 0);
+
+        if (key && key->confirmed) {
+            ngx_http_idempotency_notify_wake_key(key);
+        }
+
+        return NGX_DONE;
+    }
+
+    if (!ngx_http_idempotency_notify_is(kind, "ssubscribe")
+        && !ngx_http_idempotency_notify_is(kind, "sunsubscribe"))
+    {
+        return NGX_DECLINED;
+    }
+
+    key = ngx_http_idempotency_notify_key(n, &channel, 0);
+
+    if (key == NULL || key->pending == 0) {
+        /* nothing waits for it: harmless */
+        return NGX_DONE;
+    }
+
+    /* confirmed: the last SSUBSCRIBE sent for the key took effect */
+
+    if (--key->pending == 0) {
+        if (key->subscribed) {
+            key->confirmed = 1;
+            ngx_http_idempotency_notify_wake_key(key);
+
+        } else if (ngx_queue_empty(&key->waiters)) {
+            ngx_http_idempotency_notify_free_key(n, key);
+        }
+    }
+
+    return NGX_DONE;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_notify_is(redisReply *r, const char *s)
+{
+    size_t  len;
+
+    len = ngx_strlen(s);
+
+    return (size_t) r->len == len && ngx_strncmp(r->str, s, len) == 0;
+}
+
+
+/* every waiter of the key claims again: at once, or after its claim */
+
+static void
+ngx_http_idempotency_notify_wake_key(ngx_http_idempotency_notify_key_t *key)
+{
+    ngx_queue_t                           *q;
+    ngx_http_idempotency_ctx_t            *ctx;
+    ngx_http_idempotency_notify_waiter_t  *w;
+
+    for (q = ngx_queue_head(&key->waiters);
+         q != ngx_queue_sentinel(&key->waiters);
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_idempotency_notify_waiter_t, queue);
+        ctx = w->ctx;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                       "idempotency notify wake: state:%ui confirmed:%d",
+                       ctx->state, key->confirmed);
+
+        if (ctx->state != NGX_HTTP_IDEMPOTENCY_ST_POLLING) {
+            w->again = 1;
+            continue;
+        }
+
+        /* the poll timer's handler, run now: the list is not touched */
+
+        w->checked = 1;
+        w->again = 0;
+
+        if (ctx->timeout.timer_set) {
+            ngx_del_timer(&ctx->timeout);
+        }
+
+        if (!ctx->timeout.posted) {
+            ngx_post_event(&ctx->timeout, &ngx_posted_events);
+        }
+    }
+}
+
+
+void
+ngx_http_idempotency_notify_up(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_notify_t  *n;
+
+    n = node->redis->notify;
+
+    node->up = 1;
+    node->was_up = 1;
+    node->failed = 0;
+    node->refused = 0;
+    node->backoff = NGX_HTTP_IDEMPOTENCY_NOTIFY_BACKOFF_MIN;
+
+    if (!ngx_queue_empty(&n->dirty) && !n->batch_ev.posted) {
+        ngx_post_event(&n->batch_ev, &ngx_posted_events);
+    }
+}
+
+
+/*
+ * The subscriber connection is gone with its subscriptions: waiters poll
+ * as without notifications until it is back and subscribed again.
+ * Returns whether to reconnect.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_notify_closed(ngx_http_idempotency_node_t *node)
+{
+    ngx_rbtree_node_t                  *rn, *next;
+    ngx_http_idempotency_notify_t      *n;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    n = node->redis->notify;
+
+    if (n->tree.root == n->tree.sentinel) {
+        goto done;
+    }
+
+    for (rn = ngx_rbtree_min(n->tree.root, n->tree.sentinel);
+         rn;
+         rn = next)
+    {
+        next = ngx_rbtree_next(&n->tree, rn);
+        key = (ngx_http_idempotency_notify_key_t *) rn;
+
+        if (ngx_queue_empty(&key->waiters)) {
+            ngx_http_idempotency_notify_free_key(n, key);
+            continue;
+        }
+
+        key->subscribed = 0;
+        key->confirmed = 0;
+        key->pending = 0;
+        ngx_http_idempotency_notify_dirty(n, key);
+    }
+
+done:
+
+    return !n->off && !node->redis->exiting;
+}
+
+
+/* worker exit: the subscriber connection and the keys */
+
+void
+ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis)
+{
+    ngx_queue_t                           *q;
+    ngx_rbtree_node_t                     *rn;
+    ngx_http_idempotency_notify_t         *n;
+    ngx_http_idempotency_notify_key_t     *key;
+    ngx_http_idempotency_notify_waiter_t  *w;
+
+    n = redis->notify;
+
+    if (n == NULL) {
+        return;
+    }
+
+    if (n->node.open) {
+        ngx_http_idempotency_conn_close(&n->node);
+    }
+
+    if (n->node.reconnect_ev.timer_set) {
+        ngx_del_timer(&n->node.reconnect_ev);
+    }
+
+    if (n->batch_ev.posted) {
+        ngx_delete_posted_event(&n->batch_ev);
+    }
+
+    while (n->tree.root != n->tree.sentinel) {
+        rn = ngx_rbtree_min(n->tree.root, n->tree.sentinel);
+        key = (ngx_http_idempotency_notify_key_t *) rn;
+
+        /* requests still waiting poll from now on */
+
+        for (q = ngx_queue_head(&key->waiters);
+             q != ngx_queue_sentinel(&key->waiters);
+             q = ngx_queue_next(q))
+        {
+            w = ngx_queue_data(q, ngx_http_idempotency_notify_waiter_t,
+                               queue);
+            w->ctx->notify = NULL;
+        }
+
+        ngx_http_idempotency_notify_free_key(n, key);
+    }
+
+    ngx_http_idempotency_conn_free(&n->node);
+    ngx_free(n);
+
+    redis->notify = NULL;
+}
