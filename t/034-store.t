@@ -10,6 +10,7 @@
 #   staging key left
 # - a store cut before or after Redis ran it (CutProxy), small and large:
 #   sent again, the record is there, nothing logged as lost
+# - a user with the ACL rules of docs/operations.md stores both forms
 # - a store too late (the key was taken meanwhile): the existing error,
 #   the other record untouched, no staging key left
 # Plain Test::More: its own nginx and proxy (ports STORE_TEST_PORT, default
@@ -31,7 +32,8 @@ plan skip_all => 'the echo module is needed'
 my $rp = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 my $base = $ENV{STORE_TEST_PORT} || 20130;
-my ($port, $proxy_port, $cut_port, $be_port) = map { $base + $_ } 0 .. 3;
+my ($port, $proxy_port, $cut_port, $be_port, $acl_port) =
+    map { $base + $_ } 0 .. 4;
 
 my $root = fleet_root('store');
 my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cut");
@@ -70,6 +72,11 @@ $front
 $front
     }
     server {
+        listen 127.0.0.1:$acl_port;
+        idempotency_redis 127.0.0.1:$rp user=store-acl password=store-pw;
+$front
+    }
+    server {
         listen 127.0.0.1:$be_port;
         access_log $root/store/logs/backend.log backend;
         location = /small { return 201 "ok\\n"; }
@@ -85,6 +92,10 @@ END {
 }
 
 redis_cli('FLUSHALL');
+# the ACL rules of docs/operations.md, nothing more
+redis_cli(qw(ACL SETUSER store-acl reset on >store-pw ~idem:* +get +set +del
+             +eval +evalsha +script|load +getrange +exists +rename +pexpire
+             +client|setname));
 nginx_start($dir);
 sleep 0.5 * $slow;
 
@@ -198,7 +209,19 @@ for my $case (['before', '/small', "ok\n"], ['after', '/small', "ok\n"],
     is_deeply([staged_keys()], [], "$key: no staging key left");
 }
 
-# 5. too late: the key was taken while the upstream ran
+# 5. the documented ACL rules are enough for both forms of the store
+for my $case (['/small', "ok\n"], ['/big', $big]) {
+    my ($path, $body) = @$case;
+    my $key = "acl$path";
+    http_post($acl_port, $key, 'x', $path);
+    sleep 0.2;
+    $r = http_post($acl_port, $key, 'x', $path);
+    like(idem_status($r), qr/^20[01] replay$/, "$key: stored as store-acl");
+    ok($r->{body} eq $body, "$key: byte-exact");
+}
+is(error_lines(qr/NOPERM|refused/), 0, "nothing refused");
+
+# 6. too late: the key was taken while the upstream ran
 redis_cli('CONFIG', 'RESETSTAT');
 my %before = map { $_ => 1 } split /\n/, redis_cli('--scan');
 $s = post_start($port, 'late-1', '/slowbig');
