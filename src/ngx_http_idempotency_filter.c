@@ -633,15 +633,35 @@ static void
 ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_log_t  *log;
-    ngx_str_t   info;
+    ngx_log_t   *log;
+    ngx_str_t    info;
+    redisReply   released;
 
     log = op->redis->log;
 
-    ngx_http_idempotency_metrics_store_done(op, reply);
-
     info.data = op->info_len ? op->info : op->rkey;
     info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    if (reply && !op->store && op->resent
+        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        /*
+         * a release sent again finds the key no longer ours: most likely
+         * the first attempt ran; either way the key is not this claim's
+         */
+
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "idempotency: a release sent again after a lost "
+                      "connection found the key released already, %V",
+                      &info);
+
+        ngx_memzero(&released, sizeof(redisReply));
+        released.type = REDIS_REPLY_INTEGER;
+        released.integer = 1;
+        reply = &released;
+    }
+
+    ngx_http_idempotency_metrics_store_done(op, reply);
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,

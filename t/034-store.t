@@ -9,7 +9,8 @@
 # - a 300 KB response: SET of a staging key, RENAME; byte-exact replay; no
 #   staging key left
 # - a store cut before or after Redis ran it (CutProxy), small and large:
-#   sent again, the record is there, nothing logged as lost
+#   sent again, the record is there, nothing logged as lost; a release cut
+#   after it ran is sent again and is no lost claim
 # - a user with the ACL rules of docs/operations.md stores both forms
 # - a store too late (the key was taken meanwhile): the existing error,
 #   the other record untouched, no staging key left
@@ -80,6 +81,7 @@ $front
         listen 127.0.0.1:$be_port;
         access_log $root/store/logs/backend.log backend;
         location = /small { return 201 "ok\\n"; }
+        location = /fail { return 500 "no\\n"; }
         location = /big { root $root/www; }
         location = /slow { echo_sleep 0.5; echo "slow"; }
         location = /slowbig { echo_sleep 0.5; echo_duplicate 307200 "x"; }
@@ -208,6 +210,17 @@ for my $case (['before', '/small', "ok\n"], ['after', '/small', "ok\n"],
        "$key: no store lost");
     is_deeply([staged_keys()], [], "$key: no staging key left");
 }
+
+# a release cut after Redis ran it: sent again, it finds the key free,
+# which is no lost claim
+cut('after', 1, 'EVAL|EVALSHA');
+$r = http_post($cut_port, 'cut-release', 'x', '/fail', undef, 5);
+is($r->{status}, 500, "cut-release: a 500 is released");
+sleep 0.5 * $slow;
+is(error_lines(qr/claim was lost|went away before the record was released/),
+   0, "cut-release: the release sent again is no lost claim");
+$r = http_post($cut_port, 'cut-release', 'x', '/fail', undef, 5);
+is(idem_status($r), '500 new', "cut-release: the key is free");
 
 # 5. the documented ACL rules are enough for both forms of the store
 for my $case (['/small', "ok\n"], ['/big', $big]) {
