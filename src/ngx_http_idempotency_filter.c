@@ -12,6 +12,17 @@
 
 #define NGX_HTTP_IDEMPOTENCY_CHUNK  16384
 
+/*
+ * From this size a record is staged by a native SET and moved in place by
+ * the finish script, not copied through Lua (docs/performance.md)
+ */
+#ifndef NGX_HTTP_IDEMPOTENCY_STAGE_MIN
+#define NGX_HTTP_IDEMPOTENCY_STAGE_MIN  4096
+#endif
+
+/* the staged copy expires if its finish never comes: at least this */
+#define NGX_HTTP_IDEMPOTENCY_STAGE_TTL  60000
+
 
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
@@ -21,7 +32,14 @@ static void ngx_http_idempotency_consume(ngx_http_request_t *r,
     ngx_chain_t *in);
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static ngx_http_idempotency_op_t *ngx_http_idempotency_finish_op(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_str_t *info);
+static ngx_int_t ngx_http_idempotency_stage(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, u_char *claim,
+    u_char *value, size_t len, ngx_str_t *info, ngx_str_t *skey);
 static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 
 
@@ -457,7 +475,8 @@ ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
 /*
  * Stores the final record, or releases the claim when value is NULL.  The
  * script only acts if the key still holds our own claim.  Fire and forget:
- * the request does not wait for the reply.
+ * the request does not wait for the reply.  The script goes by EVALSHA (by
+ * EVAL after a NOSCRIPT, redis.c); a large record is staged first.
  */
 
 void
@@ -465,44 +484,60 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
     ngx_msec_t ttl, ngx_str_t *info, ngx_log_t *log)
 {
-    u_char                     ttl_buf[NGX_INT_T_LEN];
-    size_t                     argvlen[7];
-    const char                *argv[7];
-    ngx_http_idempotency_op_t *op;
+    int                         n;
+    u_char                      ttl_buf[NGX_INT_T_LEN];
+    u_char                      stage[NGX_HTTP_IDEMPOTENCY_RKEY_MAX + 3
+                                      + 2 * NGX_HTTP_IDEMPOTENCY_TOKEN_LEN];
+    size_t                      argvlen[8];
+    ngx_str_t                   skey;
+    const char                 *argv[8];
+    ngx_http_idempotency_op_t  *op;
 
-    op = ngx_http_idempotency_op_alloc(redis);
+    skey.len = 0;
+    skey.data = stage;
+
+    if (value && len >= NGX_HTTP_IDEMPOTENCY_STAGE_MIN
+        && ngx_http_idempotency_stage(redis, rkey, claim, value, len, info,
+                                      &skey)
+           != NGX_OK)
+    {
+        goto failed;
+    }
+
+    op = ngx_http_idempotency_finish_op(redis, rkey, info);
     if (op == NULL) {
         goto failed;
     }
 
-    op->handler = ngx_http_idempotency_finish_done;
     op->store = value ? 1 : 0;
-    op->info_len = info ? info->len : 0;
-
-    if (info) {
-        ngx_memcpy(op->info, info->data, info->len);
-    }
-
-    op->rkey_len = rkey->len;
-    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+    op->sha = 1;
     ngx_http_idempotency_metrics_store_sent(op, value);
 
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
-    argv[1] = (const char *) ngx_http_idempotency_finish_script.data;
-    argvlen[1] = ngx_http_idempotency_finish_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
-    argv[3] = (const char *) rkey->data;
-    argvlen[3] = rkey->len;
-    argv[4] = (const char *) claim;
-    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    argv[5] = value ? (const char *) value : "";
-    argvlen[5] = value ? len : 0;
-    argv[6] = (const char *) ttl_buf;
-    argvlen[6] = ngx_sprintf(ttl_buf, "%M", ttl) - ttl_buf;
+    n = 0;
+    argv[n] = "EVALSHA";
+    argvlen[n++] = 7;
+    argv[n] = (const char *) ngx_http_idempotency_finish_sha;
+    argvlen[n++] = 40;
+    argv[n] = skey.len ? "2" : "1";
+    argvlen[n++] = 1;
+    argv[n] = (const char *) rkey->data;
+    argvlen[n++] = rkey->len;
 
-    if (ngx_http_idempotency_redis_command(op, 7, argv, argvlen) == NGX_OK) {
+    if (skey.len) {
+        /* the record is there already: its head names it */
+        argv[n] = (const char *) skey.data;
+        argvlen[n++] = skey.len;
+        len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    }
+
+    argv[n] = (const char *) claim;
+    argvlen[n++] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[n] = value ? (const char *) value : "";
+    argvlen[n++] = value ? len : 0;
+    argv[n] = (const char *) ttl_buf;
+    argvlen[n++] = ngx_sprintf(ttl_buf, "%M", ttl) - ttl_buf;
+
+    if (ngx_http_idempotency_redis_command(op, n, argv, argvlen) == NGX_OK) {
         return;
     }
 
@@ -517,19 +552,116 @@ failed:
 }
 
 
+/* an op that names its key and request for the log, sent again if lost */
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, ngx_str_t *info)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    op->handler = ngx_http_idempotency_finish_done;
+    op->again = 1;
+    op->info_len = info ? info->len : 0;
+
+    if (info) {
+        ngx_memcpy(op->info, info->data, info->len);
+    }
+
+    op->rkey_len = rkey->len;
+    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+
+    return op;
+}
+
+
+/*
+ * SET <record key>:s:<token> <record> PX, pipelined right before the finish
+ * script on the same connection.  The key's {hash} tag puts it in the
+ * record's cluster slot; the token makes it this request's alone.  If the
+ * finish never runs, the copy expires.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
+    ngx_str_t *info, ngx_str_t *skey)
+{
+    u_char                     *p, ttl[NGX_INT_T_LEN];
+    size_t                      argvlen[5];
+    const char                 *argv[5];
+    ngx_http_idempotency_op_t  *op;
+
+    p = ngx_cpymem(skey->data, rkey->data, rkey->len);
+    p = ngx_cpymem(p, ":s:", 3);
+    p = ngx_hex_dump(p, claim + NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+                        - NGX_HTTP_IDEMPOTENCY_TOKEN_LEN,
+                     NGX_HTTP_IDEMPOTENCY_TOKEN_LEN);
+    skey->len = p - skey->data;
+
+    op = ngx_http_idempotency_finish_op(redis, rkey, info);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    op->handler = ngx_http_idempotency_stage_done;
+
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = (const char *) skey->data;
+    argvlen[1] = skey->len;
+    argv[2] = (const char *) value;
+    argvlen[2] = len;
+    argv[3] = "PX";
+    argvlen[3] = 2;
+    argv[4] = (const char *) ttl;
+    argvlen[4] = ngx_sprintf(ttl, "%M",
+                             ngx_max(NGX_HTTP_IDEMPOTENCY_STAGE_TTL,
+                                     4 * redis->timeout))
+                 - ttl;
+
+    return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);
+}
+
+
 static void
 ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_log_t  *log;
-    ngx_str_t   info;
+    ngx_log_t   *log;
+    ngx_str_t    info;
+    redisReply   released;
 
     log = op->redis->log;
 
-    ngx_http_idempotency_metrics_store_done(op, reply);
-
     info.data = op->info_len ? op->info : op->rkey;
     info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    if (reply && !op->store && op->resent
+        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        /*
+         * a release sent again finds the key no longer ours: most likely
+         * the first attempt ran; either way the key is not this claim's
+         */
+
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "idempotency: a release sent again after a lost "
+                      "connection found the key released already, %V",
+                      &info);
+
+        ngx_memzero(&released, sizeof(redisReply));
+        released.type = REDIS_REPLY_INTEGER;
+        released.integer = 1;
+        reply = &released;
+    }
+
+    ngx_http_idempotency_metrics_store_done(op, reply);
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -555,4 +687,26 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
                       "have run twice, %V",
                       op->store ? "stored" : "released", &info);
     }
+}
+
+
+/* a refused SET: the finish that follows finds no staged record */
+
+static void
+ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t  info;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    info.data = op->info_len ? op->info : op->rkey;
+    info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
+                  "idempotency: redis \"%V\" refused to stage the record: "
+                  "%*s, %V", &op->redis->name, (size_t) reply->len,
+                  reply->str, &info);
 }

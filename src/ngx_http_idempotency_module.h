@@ -367,6 +367,14 @@ struct ngx_http_idempotency_op_s {
     ngx_msec_t                       backoff;
     ngx_uint_t                       redirects;
     unsigned                         asking:1;   /* sent after ASKING */
+
+    /*
+     * filter.c: a store or release keeps its command in buf; redis.c sends
+     * it again once after a lost connection (again), and by EVAL after a
+     * NOSCRIPT (sha)
+     */
+    unsigned                         again:1;
+    unsigned                         sha:1;
 };
 
 
@@ -600,6 +608,7 @@ void ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis);
 extern ngx_str_t  ngx_http_idempotency_claim_script;
 extern ngx_str_t  ngx_http_idempotency_finish_script;
 extern u_char     ngx_http_idempotency_claim_sha[41];
+extern u_char     ngx_http_idempotency_finish_sha[41];
 ngx_int_t ngx_http_idempotency_script_init(void);
 
 

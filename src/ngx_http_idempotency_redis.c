@@ -28,6 +28,8 @@ static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static ngx_int_t ngx_http_idempotency_node_noscript(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
 static void ngx_http_idempotency_redis_unsolicited(
     ngx_http_idempotency_redis_t *redis, redisReply *reply);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
@@ -317,6 +319,8 @@ void
 ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
 {
     size_t                      argvlen[3];
+    ngx_str_t                  *script;
+    ngx_uint_t                  i;
     const char                 *argv[3];
     ngx_http_idempotency_op_t  *op;
 
@@ -324,17 +328,29 @@ ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
     argvlen[0] = 6;
     argv[1] = "LOAD";
     argvlen[1] = 4;
-    argv[2] = (const char *) ngx_http_idempotency_claim_script.data;
-    argvlen[2] = ngx_http_idempotency_claim_script.len;
 
-    op = ngx_http_idempotency_op_alloc(node->redis);
-    if (op == NULL) {
-        return;
+    /* the claim script (Redis 6.2), and the finish script of every store */
+
+    for (i = 0; i < 2; i++) {
+        script = i ? &ngx_http_idempotency_finish_script
+                   : &ngx_http_idempotency_claim_script;
+
+        argv[2] = (const char *) script->data;
+        argvlen[2] = script->len;
+
+        op = ngx_http_idempotency_op_alloc(node->redis);
+        if (op == NULL) {
+            return;
+        }
+
+        op->handler = ngx_http_idempotency_script_done;
+
+        if (ngx_http_idempotency_node_command(node, op, 3, argv, argvlen)
+            != NGX_OK)
+        {
+            return;
+        }
     }
-
-    op->handler = ngx_http_idempotency_script_done;
-
-    (void) ngx_http_idempotency_node_command(node, op, 3, argv, argvlen);
 }
 
 
@@ -530,6 +546,8 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->backoff = 0;
     op->redirects = 0;
     op->asking = 0;
+    op->again = 0;
+    op->sha = 0;
 
     return op;
 }
@@ -622,6 +640,21 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
         }
     }
 
+    if (op->again && op->buf == NULL) {
+        /* a store: the record must outlive its request to be sent again */
+
+        op->buf = ngx_alloc(p - start, node->redis->log);
+
+        if (op->buf) {
+            op->buf_len = p - start;
+            ngx_memcpy(op->buf, start, op->buf_len);
+
+        } else {
+            op->again = 0;
+            op->sha = 0;
+        }
+    }
+
     node->out_last = p;
 
     ngx_http_idempotency_node_queue(node, op);
@@ -693,13 +726,16 @@ ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
  * behind the handshake of the next one: a claim is safe to repeat (its
  * reply is then either the claim, or this request's own claim record when
  * the first one won).  Without an open node, or for a request that has
- * gone meanwhile, they get a NULL reply now.
+ * gone meanwhile, they get a NULL reply now.  Stores and releases go again
+ * too, in their order (a staged record's SET before its finish): the finish
+ * script accepts its own record already there.
  */
 
 static void
 ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
 {
-    u_char                     *p;
+    u_char                     *p, *cmd;
+    size_t                      len;
     ngx_http_idempotency_op_t  *op;
 
     while (node->parked) {
@@ -707,9 +743,13 @@ ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
         node->parked = op->next;
 
         p = NULL;
+        cmd = op->again ? op->buf : op->cmd;
+        len = op->again ? op->buf_len : op->cmd_len;
 
-        if (node->open && !node->handshake_failed && op->request) {
-            p = ngx_http_idempotency_conn_reserve(node, op->cmd_len);
+        if (node->open && !node->handshake_failed
+            && (op->request || op->again))
+        {
+            p = ngx_http_idempotency_conn_reserve(node, len);
         }
 
         if (p == NULL) {
@@ -718,7 +758,7 @@ ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
             continue;
         }
 
-        node->out_last = ngx_cpymem(p, op->cmd, op->cmd_len);
+        node->out_last = ngx_cpymem(p, cmd, len);
         op->resent = 1;
 
         ngx_http_idempotency_node_queue(node, op);
@@ -799,6 +839,17 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
         return node->open ? NGX_OK : NGX_ERROR;
     }
 
+    /* a script not known there (SCRIPT FLUSH, a failover): by EVAL */
+
+    if (op->sha && !node->handshake_failed
+        && reply->type == REDIS_REPLY_ERROR && reply->len >= 8
+        && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0
+        && ngx_http_idempotency_node_noscript(node, op) == NGX_OK)
+    {
+        freeReplyObject(reply);
+        return node->open ? NGX_OK : NGX_ERROR;
+    }
+
     /*
      * commands pipelined behind a refused AUTH or SELECT ran as the wrong
      * user or in the wrong db: their replies do not count, nor do those of
@@ -811,6 +862,71 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_free(op);
 
     return node->open ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
+ * NOSCRIPT: Redis did not run the script, so the same command goes again
+ * on the same node, by EVAL with the script's text: "*N", "EVALSHA", the
+ * SHA, then the arguments as they were.  EVAL caches the script, so the
+ * EVALSHAs after it find it again: no SCRIPT LOAD is needed.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_node_noscript(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op)
+{
+    u_char     *p, *buf, *last, *args;
+    size_t      len;
+    ngx_str_t  *script;
+
+    static u_char  evalsha[] = "$7\r\nEVALSHA\r\n$40\r\n";
+
+    script = &ngx_http_idempotency_finish_script;
+    last = op->buf + op->buf_len;
+
+    p = ngx_strlchr(op->buf, last, LF);
+
+    if (p == NULL
+        || (size_t) (last - ++p) < sizeof(evalsha) - 1 + 40 + 2
+        || ngx_strncmp(p, evalsha, sizeof(evalsha) - 1) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    args = p + sizeof(evalsha) - 1 + 40 + 2;
+
+    len = (p - op->buf) + sizeof("$4\r\nEVAL\r\n$\r\n\r\n") - 1
+          + NGX_SIZE_T_LEN + script->len + (last - args);
+
+    buf = ngx_alloc(len, node->redis->log);
+    if (buf == NULL) {
+        return NGX_DECLINED;
+    }
+
+    p = ngx_cpymem(buf, op->buf, p - op->buf);
+    p = ngx_sprintf(p, "$4\r\nEVAL\r\n$%uz\r\n", script->len);
+    p = ngx_cpymem(p, script->data, script->len);
+    *p++ = CR;
+    *p++ = LF;
+    p = ngx_cpymem(p, args, last - args);
+
+    ngx_free(op->buf);
+    op->buf = buf;
+    op->buf_len = p - buf;
+    op->sha = 0;
+
+    p = ngx_http_idempotency_conn_reserve(node, op->buf_len);
+    if (p == NULL) {
+        /* op->buf is freed with the op */
+        return NGX_DECLINED;
+    }
+
+    node->out_last = ngx_cpymem(p, op->buf, op->buf_len);
+
+    ngx_http_idempotency_node_queue(node, op);
+
+    return NGX_OK;
 }
 
 
@@ -837,7 +953,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
             continue;
         }
 
-        if (op->resend && !op->resent && op->request
+        if (((op->resend && op->request) || op->again) && !op->resent
             && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
         {
             op->next = NULL;

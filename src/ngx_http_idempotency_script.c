@@ -27,17 +27,39 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
  * finish: KEYS[1] record key, ARGV[1] our claim record, ARGV[2] the final
  * record (empty: release), ARGV[3] ttl (ms).  Only the owner of the claim
  * may finish it: after lock_ttl another request may own the key.  A store
- * sent again after a lost connection finds its own record: done.  Waiting
- * duplicates are woken on the key's own channel (notify.c); pcall: Redis 6
- * has no SPUBLISH, an ACL may forbid it, neither fails the store.
+ * sent again after a lost connection finds its own record (the head holds
+ * our token, in a state other than claim): done.
+ *
+ * A large record comes staged: KEYS[2] holds it (SET just before, on the
+ * same connection and slot), ARGV[2] is its head only.  RENAME moves it
+ * without copying it through Lua.  Whatever the outcome, no staged copy is
+ * left behind.  Only the 53 bytes of a head are ever read (GETRANGE).
+ *
+ * Every success that acted ends at the one "return 1" at the bottom,
+ * after waiting duplicates are woken on the key's own channel
+ * (notify.c); pcall: Redis 6 has no SPUBLISH, an ACL may forbid it,
+ * neither fails the store.
  */
 
 ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
-    "local v = redis.call('GET', KEYS[1])\n"
-    "if v and v == ARGV[2] then return 1 end\n"
-    "if v ~= ARGV[1] then return 0 end\n"
+    "local h = redis.call('GETRANGE', KEYS[1], 0, 52)\n"
+    "local s = KEYS[2]\n"
+    "if ARGV[2] ~= '' and h == string.sub(ARGV[2], 1, 53) then\n"
+    "  if s then redis.call('DEL', s) end\n"
+    "  return 1\n"
+    "end\n"
+    "if h ~= ARGV[1] then\n"
+    "  if s then redis.call('DEL', s) end\n"
+    "  return 0\n"
+    "end\n"
     "if ARGV[2] == '' then\n"
     "  redis.call('DEL', KEYS[1])\n"
+    "elseif s then\n"
+    "  if redis.call('EXISTS', s) == 0 then\n"
+    "    return redis.error_reply('ERR idempotency: staged record missing')\n"
+    "  end\n"
+    "  redis.call('RENAME', s, KEYS[1])\n"
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
     "else\n"
     "  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n"
     "end\n"
@@ -47,24 +69,44 @@ ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
 
 
 u_char  ngx_http_idempotency_claim_sha[41];
+u_char  ngx_http_idempotency_finish_sha[41];
+
+
+static ngx_int_t ngx_http_idempotency_script_sha(ngx_str_t *script,
+    u_char *hex);
 
 
 ngx_int_t
 ngx_http_idempotency_script_init(void)
 {
+    if (ngx_http_idempotency_script_sha(&ngx_http_idempotency_claim_script,
+                                        ngx_http_idempotency_claim_sha)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_script_sha(&ngx_http_idempotency_finish_script,
+                                           ngx_http_idempotency_finish_sha);
+}
+
+
+/* the SHA1 that EVALSHA names a script by, in hex */
+
+static ngx_int_t
+ngx_http_idempotency_script_sha(ngx_str_t *script, u_char *hex)
+{
     u_char        sha[EVP_MAX_MD_SIZE];
     unsigned int  len;
 
-    if (EVP_Digest(ngx_http_idempotency_claim_script.data,
-                   ngx_http_idempotency_claim_script.len, sha, &len,
-                   EVP_sha1(), NULL)
+    if (EVP_Digest(script->data, script->len, sha, &len, EVP_sha1(), NULL)
         != 1)
     {
         return NGX_ERROR;
     }
 
-    ngx_hex_dump(ngx_http_idempotency_claim_sha, sha, 20);
-    ngx_http_idempotency_claim_sha[40] = '\0';
+    ngx_hex_dump(hex, sha, 20);
+    hex[40] = '\0';
 
     return NGX_OK;
 }

@@ -1,7 +1,8 @@
 package CutProxy;
 
 # A TCP proxy in front of a Redis that cuts the connection around a claim's
-# SET: "before" the SET reaches Redis, or "after" Redis ran it (its reply
+# SET (or the commands named in cut()'s third argument, "EVAL|EVALSHA"):
+# "before" the command reaches Redis, or "after" Redis ran it (its reply
 # is lost). The mode is read from a file at every SET, so the test changes
 # it at run time with cut(). A forked child; the caller kills it.
 
@@ -16,11 +17,13 @@ our @EXPORT = qw(cut_proxy cut);
 
 my $file;
 
-# cut(mode, times): the next `times` connections that carry a SET are cut
+# cut(mode, times, commands): the next `times` connections that carry one
+# of the commands (default SET) are cut
 sub cut {
-    my ($mode, $times) = @_;
+    my ($mode, $times, $cmds) = @_;
+    $cmds //= 'SET';
     open my $fh, '>', "$file.tmp" or die $!;
-    print $fh "$mode $times\n";
+    print $fh "$mode $times $cmds\n";
     close $fh;
     rename "$file.tmp", $file or die $!;
 }
@@ -66,13 +69,15 @@ sub cut_proxy {
                 next;
             }
             my $p = $peer{$s} or next;
-            if (${*$s}{client} && $buf =~ /\$3\r\nSET\r\n/) {
+            if (${*$s}{client}) {
                 open my $fh, '<', $file or die $!;
-                my ($mode, $times) = split ' ', scalar <$fh>;
+                my ($mode, $times, $cmds) = split ' ', scalar <$fh>;
                 close $fh;
-                if ($times > 0) {
+                my $re = join '|', map { '\$' . length($_) . "\r\n$_\r\n" }
+                                   split /\|/, $cmds;
+                if ($times > 0 && $buf =~ /$re/) {
                     open $fh, '>', $file or die $!;
-                    print $fh "$mode ", $times - 1, "\n";
+                    print $fh "$mode ", $times - 1, " $cmds\n";
                     close $fh;
                     if ($mode eq 'after') {
                         syswrite($p, $buf);

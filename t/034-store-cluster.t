@@ -1,0 +1,183 @@
+# The store path of t/034 on Redis Cluster: both forms of the store (the
+# finish script alone; a staged SET and the script that RENAMEs it) reach
+# the master of the record's slot, follow MOVED, and fall back to EVAL
+# after a NOSCRIPT.
+# - a 300 KB record: its staging key shares the record's slot (no
+#   CROSSSLOT), RENAME on the master, byte-exact replay, no staging key
+# - SCRIPT FLUSH on every master: small and large stores still land
+# - the slot moved while the upstream runs: the staged SET and the finish
+#   both get MOVED and are sent to the new owner; the record replays,
+#   nothing logged as lost
+# Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
+# nodes +11..+16), nginx on TOPO_BASE+310 and +311.
+use strict;
+use warnings;
+use lib 't/lib';
+use Test::More;
+use Fleet;
+use Digest::SHA qw(sha256_hex);
+use IO::Socket::INET;
+use Time::HiRes qw(sleep);
+
+plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
+    unless have_module();
+plan skip_all => 'the echo module is needed'
+    unless grep { /echo/ } split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+plan skip_all => 'redis-server is needed' unless `which redis-server`;
+
+my $base = $ENV{TOPO_BASE} || 24000;
+$ENV{TOPO_BASE} = $base;
+$ENV{TOPO_DIR} ||= "/tmp/ngx-idempotency-topo-cluster-$base";
+my $topo = 'util/topology.sh';
+my $seed = $base + 11;
+my ($port, $be_port) = ($base + 310, $base + 311);
+
+my $up;
+END {
+    local $?;
+    system("$topo down cluster $ENV{TOPO_DIR} >/dev/null 2>&1") if $up;
+}
+$SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
+
+sub topo {
+    my $out = `$topo @_ 2>&1`;
+    my $ok = $? == 0;
+    chomp $out;
+    ok($ok, "topology.sh @_") or diag $out;
+    return $ok;
+}
+
+$up = 1;
+topo('up', 'cluster', $ENV{TOPO_DIR}) or BAIL_OUT('no cluster');
+
+sub cli { my $p = shift; redis_cli_at($p, @_) }
+
+sub masters {
+    my $out = cli($seed, 'CLUSTER', 'NODES');
+    return sort map { /:(\d+)@/ ? $1 : () }
+           grep { /\bmaster\b/ && !/\bfail/ } split /\n/, $out;
+}
+
+# a stat summed over the masters
+sub stat_of {
+    my ($section, $re) = @_;
+    my $n = 0;
+    for my $p (masters()) {
+        $n += $1 if cli($p, 'INFO', $section) =~ $re;
+    }
+    return $n;
+}
+sub calls { stat_of('commandstats', qr/^cmdstat_$_[0]:calls=(\d+)/m) }
+sub errors { stat_of('errorstats', qr/^errorstat_$_[0]:count=(\d+)/m) }
+
+sub staged_keys {
+    return map { grep { /:s:/ } split /\n/, cli($_, '--scan') } masters();
+}
+
+sub slot_of { cli($seed, 'CLUSTER', 'KEYSLOT', sha256_hex("\0" . shift)) }
+
+my $root = fleet_root('store-cluster');
+my $big = join '', map { chr($_ % 251) } 0 .. 300 * 1024 - 1;
+mkdir "$root/www";
+open my $fh, '>', "$root/www/big" or die $!;
+binmode $fh;
+print $fh $big;
+close $fh;
+
+my $dir = nginx_conf('sc', <<"EOC", 1);
+    log_format backend '\$http_idempotency_key';
+    server {
+        listen 127.0.0.1:$port;
+        idempotency_redis 127.0.0.1:$seed cluster;
+        idempotency_redis_timeout 3s;
+        idempotency_store_max_size 1m;
+        location / {
+            idempotency on;
+            add_header X-Idem \$idempotency_status always;
+            proxy_method GET;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_pass http://127.0.0.1:$be_port;
+        }
+    }
+    server {
+        listen 127.0.0.1:$be_port;
+        access_log $root/sc/logs/backend.log backend;
+        location = /small { return 201 "ok\\n"; }
+        location = /big { root $root/www; }
+        location = /slow { echo_sleep 1.5; echo "slow"; }
+        location = /slowbig { echo_sleep 1.5; echo_duplicate 307200 "x"; }
+    }
+EOC
+nginx_start($dir);
+
+for (1 .. 50) {
+    last if http_post($port, "warm-$_", 'x', '/small')->{status} == 201;
+    sleep 0.1;
+}
+
+sub runs { upstream_runs($dir)->{$_[0]} // 0 }
+sub lost {
+    scalar grep { /claim was lost|went away before|refused to (store|stage)/ }
+           lines_of("$dir/logs/error.log");
+}
+
+# replays(key, path, body): the record is there, byte-exact, run once
+sub replays {
+    my ($key, $path, $body) = @_;
+    my $r = http_post($port, $key, 'x', $path);
+    like(idem_status($r), qr/^20[01] replay$/, "$key: replays");
+    ok($r->{body} eq $body, "$key: byte-exact") or diag length $r->{body};
+    is(runs($key), 1, "$key: the upstream ran once");
+}
+
+# 1. a large record is staged on the record's slot and moved by RENAME
+cli($_, 'CONFIG', 'RESETSTAT') for masters();
+my $r = http_post($port, 'cbig-1', 'x', '/big');
+is(idem_status($r), '200 new', "a 300 KB response");
+sleep 0.3;
+is(calls('rename'), 1, "one RENAME on the record's master");
+is(errors('CROSSSLOT'), 0, "the staging key shares the record's slot");
+is_deeply([staged_keys()], [], "no staging key left");
+replays('cbig-1', '/big', $big);
+
+# 2. SCRIPT FLUSH on every master: NOSCRIPT, then EVAL
+cli($_, 'CONFIG', 'RESETSTAT') for masters();
+cli($_, 'SCRIPT', 'FLUSH') for masters();
+is(idem_status(http_post($port, 'cflush-small', 'x', '/small')), '201 new',
+   "after SCRIPT FLUSH: a small store");
+is(idem_status(http_post($port, 'cflush-big', 'x', '/big')), '200 new',
+   "and a large one");
+sleep 0.3;
+cmp_ok(errors('NOSCRIPT'), '>=', 1, "NOSCRIPT was met");
+cmp_ok(calls('eval'), '>=', 1, "and EVAL sent");
+replays('cflush-small', '/small', "ok\n");
+replays('cflush-big', '/big', $big);
+
+# 3. the slot moves while the upstream runs: the staged SET and the finish,
+# pipelined together to the old owner, both meet MOVED and go to the new
+# one (the finish alone follows MOVED in t/031's resharding)
+my $key = 'cmove-big';
+cli($_, 'CONFIG', 'RESETSTAT') for masters();
+my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+print $s Fleet::_request($key, 'x', '/slowbig');
+sleep 0.3;
+topo('cluster-migrate-slot', slot_of($key));
+topo('cluster-finish-migration');
+{
+    local $/;
+    my $res = <$s>;
+    is(idem_status(Fleet::_parse($res // '')), '200 new',
+       "a request across the move");
+}
+sleep 0.5;
+cmp_ok(errors('MOVED'), '>=', 2,
+       "the staged SET and the finish followed MOVED");
+is(calls('rename'), 1, "the record was moved in place on the new owner");
+is_deeply([staged_keys()], [], "no staging key left");
+replays($key, '/slowbig', 'x' x 307200);
+
+is(lost(), 0, "no store lost or refused");
+is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
+
+done_testing();
