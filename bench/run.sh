@@ -806,11 +806,21 @@ monitor_sample() {
              cmd = toupper($4); gsub(/"/, "", cmd)
              if (cmd == "QUIT" || cmd == "ECHO") next    # the bench itself
              who = ($3 ~ /^lua\]/) ? "lua" : "client"
-             # the claim: SET key claim NX GET PX (Redis 7), or EVALSHA
-             # sha 1 key ... (Redis 6.2)
-             if (who == "client" && (cmd == "SET" || cmd == "EVALSHA")) {
-                 key = cmd == "SET" ? $5 : $7; seen[key]++
+             # the claim: SET key claim NX GET PX ttl (Redis 7; the bench
+             # needs it); a store is EVALSHA sha N key ..., or EVAL after
+             # a NOSCRIPT, behind a staging SET key:s:token for a large
+             # record: it counts in the phase of the last claim of its key
+             if (who == "client" && cmd == "SET" \
+                 && $(NF - 3) == "\"NX\"" && $(NF - 2) == "\"GET\"")
+             {
+                 key = $5; seen[key]++
                  phase = seen[key] == 1 ? "fresh" : "replay"
+             } else if (who == "client" \
+                        && (cmd == "SET" || cmd == "EVALSHA" || cmd == "EVAL"))
+             {
+                 key = cmd == "SET" ? $5 : $7
+                 sub(/:s:[0-9a-f]+"$/, "\"", key)
+                 phase = seen[key] > 1 ? "replay" : "fresh"
              }
              n[phase " " who " " cmd]++
              if (who == "client") nc[phase]++
@@ -1117,11 +1127,15 @@ report() {
     }
     END {
         split(mon, m, " ")
-        t("fresh throughput >= 0.85x plain", f["fresh"], rr["fresh"], ">=", 0.85)
+        t("fresh throughput >= 0.80x plain", f["fresh"], rr["fresh"], ">=", 0.80)
         t("fresh p99 latency <= 1.3x plain", f["fresh"], p99r["fresh"], "<=", 1.3)
-        t("replay throughput >= 1.10x plain", f["replay"], rr["replay"], ">=", 1.10)
+        t("replay throughput >= 1.5x plain", f["replay"], rr["replay"], ">=", 1.5)
         t("bypass throughput >= 0.99x plain", f["bypass"], rr["bypass"], ">=", 0.99)
-        t("fresh nginx CPU/request <= 1.3x plain", f["fresh"], ngr["fresh"], "<=", 1.3)
+        t("large replay throughput >= 1.0x plain", f["large-replay"],
+          rr["large-replay"], ">=", 1.0)
+        t("large fresh throughput >= 0.5x plain", f["large-fresh"],
+          rr["large-fresh"], ">=", 0.5)
+        t("fresh nginx CPU/request <= 1.15x plain", f["fresh"], ngr["fresh"], "<=", 1.15)
         # commandstats cannot tell a SET sent by a client from one a script ran:
         # the MONITOR sample counts what the module itself sent
         t("fresh Redis commands/request <= 2 (MONITOR)", 1, m[2], "<=", 2)
