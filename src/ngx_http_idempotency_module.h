@@ -483,6 +483,9 @@ ngx_int_t ngx_http_idempotency_sentinel_handshake(
 ngx_int_t ngx_http_idempotency_sentinel_reply(
     ngx_http_idempotency_node_t *node, redisReply *reply);
 void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis);
+ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
+    ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);

@@ -26,6 +26,9 @@ struct ngx_http_idempotency_sentinel_s {
     ngx_http_idempotency_redis_t    *sentinels;  /* the Sentinel connection */
     ngx_str_t                        master;     /* its name */
     ngx_str_t                        args;       /* for sharing a target */
+    ngx_str_t                       *hosts;      /* of each Sentinel addr */
+    ngx_str_t                        master_host;    /* as last named */
+    u_char                           master_buf[NGX_SOCKADDR_STRLEN + 1];
     ngx_log_t                        log;        /* NOTICE and up */
 
     ngx_event_t                      refresh_ev;
@@ -61,6 +64,8 @@ static ngx_int_t ngx_http_idempotency_sentinel_set_master(
 static ngx_int_t ngx_http_idempotency_sentinel_send(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_reply_pt handler,
     int argc, const char **argv, const size_t *argvlen);
+static ngx_int_t ngx_http_idempotency_sentinel_host(ngx_pool_t *pool,
+    ngx_str_t *addr, ngx_str_t *host);
 
 
 /*
@@ -79,7 +84,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     size_t                              len;
     ngx_str_t                           master, suser, spassword;
     ngx_uint_t                          i;
-    ngx_array_t                         addrs;
+    ngx_str_t                          *host;
+    ngx_array_t                         addrs, hosts;
     ngx_http_idempotency_redis_t       *redis, *sentinels, **rp;
     ngx_http_idempotency_sentinel_t    *s;
     ngx_http_idempotency_main_conf_t   *imcf;
@@ -164,6 +170,12 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
         return NULL;
     }
 
+    if (ngx_array_init(&hosts, cf->pool, naddrs, sizeof(ngx_str_t))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
     for (i = 0; i < naddrs; i++) {
         if (ngx_http_idempotency_conf_addrs(cf, &args[i],
                                             NGX_HTTP_IDEMPOTENCY_SENTINEL_PORT,
@@ -171,6 +183,19 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
             != NGX_OK)
         {
             return NULL;
+        }
+
+        /* the name TLS verifies by default: the host as written */
+
+        while (hosts.nelts < addrs.nelts) {
+            host = ngx_array_push(&hosts);
+            if (host == NULL
+                || ngx_http_idempotency_sentinel_host(cf->pool, &args[i],
+                                                      host)
+                   != NGX_OK)
+            {
+                return NULL;
+            }
         }
     }
 
@@ -189,7 +214,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     redis->tls = tls;
     redis->sentinel = s;
 
-    /* the Sentinels: plain TCP, tried in turn by conn.c */
+    /* the Sentinels: tried in turn by conn.c; TLS as the master's */
 
     sentinels->name.len = sizeof("sentinel ") - 1 + master.len;
     sentinels->name.data = ngx_pnalloc(cf->pool, sentinels->name.len);
@@ -208,6 +233,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     s->redis = redis;
     s->sentinels = sentinels;
     s->master = master;
+    s->hosts = hosts.elts;
 
     rp = ngx_array_push(&imcf->servers);
     if (rp == NULL) {
@@ -217,6 +243,91 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     *rp = redis;
 
     return redis;
+}
+
+
+/* "host:port", "[v6]:port" or "host": the host, NUL-terminated */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_host(ngx_pool_t *pool, ngx_str_t *addr,
+    ngx_str_t *host)
+{
+    u_char  *p, *last;
+
+    p = addr->data;
+    last = addr->data + addr->len;
+
+    if (p < last && *p == '[') {
+        p++;
+        last = ngx_strlchr(p, last, ']');
+
+        if (last == NULL) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        while (last > p && *(last - 1) != ':') {
+            last--;
+        }
+
+        last = (last > p) ? last - 1 : addr->data + addr->len;
+    }
+
+    host->len = last - p;
+    host->data = ngx_pnalloc(pool, host->len + 1);
+    if (host->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    *ngx_cpymem(host->data, p, host->len) = '\0';
+
+    return NGX_OK;
+}
+
+
+/*
+ * From tls.c once the master's TLS context exists: the Sentinels of a
+ * TLS-only deployment are TLS-only too (tls-port with port 0 is set for
+ * the whole server), so they share the master's CA, client certificate
+ * and verification.
+ */
+
+void
+ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
+{
+#if (NGX_HTTP_SSL)
+    ngx_http_idempotency_redis_t  *sentinels;
+
+    sentinels = redis->sentinel->sentinels;
+
+    sentinels->tls = redis->tls;
+    sentinels->ssl = redis->ssl;
+    sentinels->tls_name = redis->tls_name;
+    sentinels->tls_name_ip = redis->tls_name_ip;
+    sentinels->tls_verify = redis->tls_verify;
+    sentinels->tls_conf = redis->tls_conf;
+#endif
+}
+
+
+/*
+ * Without idempotency_redis_tls_name, the name TLS sends and verifies is
+ * the host of the address connected to: a Sentinel's as written, the
+ * master's as a Sentinel named it (an IP address, matched to an IP SAN).
+ */
+
+ngx_str_t *
+ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_sentinel_t  *s;
+
+    s = node->redis->sentinel;
+
+    if (node->redis == s->redis) {
+        return &s->master_host;
+    }
+
+    return &s->hosts[node->addr % node->naddrs];
 }
 
 
@@ -673,6 +784,17 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
         ngx_free(p);
         return NGX_OK;
     }
+
+    /* brackets off, NUL-terminated: for TLS */
+
+    if (ip_len > 2 && ip[0] == '[' && ip[ip_len - 1] == ']') {
+        ip++;
+        ip_len -= 2;
+    }
+
+    *ngx_cpymem(s->master_buf, ip, ip_len) = '\0';
+    s->master_host.data = s->master_buf;
+    s->master_host.len = ip_len;
 
     if (node->naddrs) {
         ngx_log_error(NGX_LOG_NOTICE, s->redis->log, 0,
