@@ -153,6 +153,10 @@ typedef struct {
     ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
 
+    /* cluster.c: a node known by name, resolved on every connect */
+    ngx_str_t                        host;
+    in_port_t                        port;
+
     /* what nginx said about the connection last: the failure's reason */
     size_t                           reason_len;
     ngx_uint_t                       reason_level;
@@ -202,6 +206,7 @@ struct ngx_http_idempotency_redis_s {
 
     /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
     ngx_array_t                     *seeds;
+    ngx_array_t                     *seed_names;    /* given by name */
     void                            *cluster;    /* per worker */
 
     ngx_log_t                       *log;
@@ -503,6 +508,8 @@ ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
 ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,

@@ -21,6 +21,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Fleet;
+use TopoTest;
 use Time::HiRes qw(time sleep);
 use POSIX ();
 
@@ -44,14 +45,6 @@ END {
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
 
-sub topo {
-    my $out = `$topo @_ 2>&1`;
-    ok($? == 0, "topology.sh @_") or diag $out;
-    chomp $out;
-    note $out;
-    return $out;
-}
-
 # redis-cli over TLS
 sub cli {
     my ($p, @args) = @_;
@@ -67,23 +60,8 @@ sub master_port {
     return $l[1];
 }
 
-sub wait_until {
-    my ($secs, $cond) = @_;
-    my $deadline = time + $secs;
-    while (time < $deadline) {
-        return 1 if $cond->();
-        sleep 0.1;
-    }
-    return 0;
-}
-
 my $root = fleet_root('sentinel-tls');
 my @dirs;
-
-sub log_count {
-    my ($dir, $re) = @_;
-    return scalar grep { /$re/ } lines_of("$dir/logs/error.log");
-}
 
 sub sentinel_list {
     my $host = shift // '127.0.0.1';
@@ -224,17 +202,7 @@ is(cli($master, 'DBSIZE'), $db + 5, "the new keys are on $master");
 $db = http_post($port, 'fo-0', 'x');
 is(idem_status($db), '201 replay', 'a key of before the switch: replay');
 
-for my $dir (@dirs) {
-    my $runs = upstream_runs($dir);
-    my @twice = grep { $runs->{$_} > 1 } keys %$runs;
-    (my $name = $dir) =~ s{.*/}{};
-    is("@twice", '', "$name: no key ran twice upstream");
-}
-for my $dir (@dirs) {
-    nginx_stop($dir);
-    is(join('', log_problems("$dir/logs/error.log")), '',
-       "$dir: no crash, no alert");
-}
+finish_all(@dirs);
 note sprintf 'took %.1f s', time - $t0;
 
 done_testing();

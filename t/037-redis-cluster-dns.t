@@ -1,0 +1,177 @@
+# Redis Cluster by name: seeds given by host name and nodes that announce
+# host names (cluster-announce-hostname with cluster-preferred-endpoint-type
+# hostname) or no endpoint at all (unknown-endpoint: a nil endpoint, "the
+# node you asked, on this port"), on util/topology.sh cluster with names
+# from t/lib/DnsStub.pm.
+# - unknown-endpoint: every key served from an IP seed, no resolver needed
+# - hostname: with a resolver, CLUSTER SLOTS and MOVED name the nodes,
+#   each is resolved on connect; every key served, on its master
+# - without a resolver, host names are logged once and the keys get 503
+# - a seed by name is resolved again when the map is needed: a seed that
+#   resolves to a dead address first, moved by DNS to the cluster, is
+#   followed without a reload
+# - a failover: the promoted replica, known by its name, takes the keys
+# - no key ever ran twice upstream, no worker crashed
+# Plain Test::More; Redis on TOPO_BASE+11..+16 (TOPO_BASE default 25000),
+# DNS stub and nginx on 20440-20449.
+use strict;
+use warnings;
+use Test::More;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Fleet;
+use TopoTest;
+use DnsStub;
+use Time::HiRes qw(time sleep);
+
+plan skip_all => 'the module is not loaded' unless have_module();
+plan skip_all => 'redis-server is needed' unless `which redis-server`;
+
+my $base = $ENV{TOPO_BASE} || 25000;
+$ENV{TOPO_BASE} = $base;
+$ENV{TOPO_DIR} = ($ENV{TOPO_DIR} || "/tmp/ngx-idempotency-topo-cluster-$base")
+                 . '-dns';
+my $topo = 'util/topology.sh';
+my @nodes = map { $base + $_ } 11 .. 16;
+my ($dns_port, $next_port) = (20440, 20441);
+my $slow = $ENV{TEST_ASAN} ? 4 : 1;
+my $t0 = time;
+
+my $root = fleet_root('cluster-dns');
+my %names = map { ("node-$_.test" => ['127.0.0.1']) } @nodes;
+my $dns = DnsStub->start(port => $dns_port, dir => $root, ttl => 1,
+                         names => { %names,
+                                    'seed.test' => ['127.0.0.1'],
+                                    'moving.test' => ['127.0.0.9'] });
+
+my ($up, @dirs);
+END {
+    local $?;
+    nginx_stop($_) for @dirs;
+    system("$topo down cluster >/dev/null 2>&1") if $up;
+    $dns->stop if $dns;
+}
+
+sub cli { my $p = shift; redis_cli_at($p, @_) }
+
+my $resolver = "resolver 127.0.0.1:$dns_port valid=1s ipv6=off;"
+               . " resolver_timeout 1s;";
+
+sub instance {
+    my ($name, $http, $redis) = @_;
+    my $port = $next_port++;
+    my $dir = nginx_conf($name, $http . pay_server($name, $port,
+        "idempotency_redis_timeout 1s; idempotency_redis $redis cluster;"),
+        1);
+    nginx_start($dir);
+    push @dirs, $dir;
+    return ($dir, $port);
+}
+
+sub masters {
+    return grep { (split /\n/, cli($_, 'ROLE'))[0] eq 'master' } @nodes;
+}
+
+# spread(name, port, n): n new keys, then each once more; the statuses
+sub spread {
+    my ($tag, $port, $n) = @_;
+    my @st = map { idem_status(http_post($port, "$tag-$_", 'x', undef,
+                                         undef, 5)) } 1 .. $n;
+    push @st, map { idem_status(http_post($port, "$tag-$_", 'x', undef,
+                                          undef, 5)) } 1 .. $n;
+    return join(' ', sort { $a cmp $b } @st);
+}
+
+sub served { join ' ', sort(('201 new') x $_[0], ('201 replay') x $_[0]) }
+
+$up = 1;
+topo('up', 'cluster');
+
+# --- unknown-endpoint: nil endpoints, the node asked with their port
+
+cli($_, qw(CONFIG SET cluster-preferred-endpoint-type unknown-endpoint))
+    for @nodes;
+like(cli($nodes[0], qw(CLUSTER SLOTS)), qr/^0\n5460\n\n$nodes[0]\n/,
+     'unknown-endpoint: CLUSTER SLOTS names no host');
+
+my ($dir, $port) = instance('unknown', '', "127.0.0.1:$nodes[0]");
+my %before = map { $_ => cli($_, 'DBSIZE') } masters();
+is(spread('unknown', $port, 12), served(12),
+   'unknown-endpoint: every key served');
+is(scalar(grep { cli($_, 'DBSIZE') > $before{$_} } keys %before), 3,
+   'unknown-endpoint: the keys are on the three masters');
+is(log_count($dir, qr/invalid map/), 0, 'unknown-endpoint: a valid map');
+
+# --- hostname: the nodes are known by name
+
+for my $p (@nodes) {
+    cli($p, qw(CONFIG SET cluster-announce-hostname), "node-$p.test");
+    cli($p, qw(CONFIG SET cluster-preferred-endpoint-type hostname));
+}
+ok(wait_until(10, sub {
+       my $s = cli($nodes[0], qw(CLUSTER SLOTS));
+       my @named = $s =~ /^\d+\n\d+\nnode-\d+\.test\n/mg;
+       @named == 3 }),
+   'hostname: CLUSTER SLOTS names the masters by host name');
+
+# an IP seed with a resolver: the map names the nodes
+my ($dir_ip, $port_ip) = instance('hostname-ip', $resolver,
+                                  "127.0.0.1:$nodes[1]");
+is(spread('hostname-ip', $port_ip, 6), served(6),
+   'hostname, an IP seed: every key served');
+
+# and a seed by name
+($dir, $port) = instance('hostname', $resolver, "seed.test:$nodes[0]");
+%before = map { $_ => cli($_, 'DBSIZE') } masters();
+is(spread('hostname', $port, 12), served(12), 'hostname: every key served');
+is(scalar(grep { cli($_, 'DBSIZE') > $before{$_} } keys %before), 3,
+   'hostname: the keys are on the three masters');
+cmp_ok($dns->queries("node-$nodes[1].test", 'A'), '>', 0,
+       'hostname: the nodes were resolved by the resolver');
+is(log_count($dir, qr/\[(error|warn)\]/), 0, 'hostname: no error');
+
+# --- hostname without a resolver: said once, 503
+
+my ($dir_nr, $port_nr) = instance('no-resolver', '', "127.0.0.1:$nodes[0]");
+my @nr = map { http_post($port_nr, "nr-$_", 'x', undef, undef, 5)->{status} }
+         1 .. 3;
+is("@nr", '503 503 503', 'hostname, no resolver: 503');
+is(log_count($dir_nr, qr/\[error\].*names a node "node-\d+\.test": host names need a "resolver"/),
+   1, 'hostname, no resolver: logged once');
+
+# --- a seed resolved again: first to a dead address, then to the cluster
+
+my ($dir_mv, $port_mv) = instance('moving', $resolver,
+                                  "moving.test:$nodes[0]");
+sleep 0.5 * $slow;
+is(http_post($port_mv, 'mv-0', 'x', undef, undef, 5)->{status}, 503,
+   'a seed at a dead address: 503');
+my $asked = $dns->queries('moving.test', 'A');
+$dns->set('moving.test' => ['127.0.0.1']);
+my $t_move = time;
+ok(wait_until(8, sub {
+       http_post($port_mv, 'mv-probe-' . int(time * 1000), 'x', undef,
+                 undef, 5)->{status} == 201 }),
+   'the seed moved by DNS: served without a reload');
+note sprintf 'served %.1f s after the DNS change', time - $t_move;
+cmp_ok($dns->queries('moving.test', 'A'), '>', $asked,
+       'the seed name was resolved again');
+is(spread('mv', $port_mv, 6), served(6), 'after the move: every key served');
+
+# --- a failover: the promoted replica is known by its name
+
+topo('cluster-failover');
+my %st;
+my $end = time + 3;
+for (my $i = 0; time < $end; $i++) {
+    $st{http_post($port, "fo-$i", 'x', undef, undef, 5)->{status}}++;
+}
+note 'after the failover: ' . join(', ', map { "$_ x$st{$_}" } sort keys %st);
+is(spread('after-fo', $port, 9), served(9),
+   'after a failover: every key served');
+
+finish_all(@dirs);
+@dirs = ();
+note sprintf 'took %.1f s', time - $t0;
+
+done_testing();
