@@ -40,6 +40,7 @@ typedef struct {
     ngx_http_idempotency_node_t      node;       /* first: a node_t * */
     ngx_http_idempotency_cluster_t  *cluster;
     ngx_uint_t                       index;
+    void                            *metric;     /* in the map: metrics.c */
     unsigned                         master:1;   /* wanted: reconnected */
 } ngx_http_idempotency_cnode_t;
 
@@ -80,6 +81,8 @@ static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node_at(
     ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
     ngx_int_t port, ngx_http_idempotency_node_t *from);
 static void ngx_http_idempotency_cluster_use(
+    ngx_http_idempotency_cnode_t *cn);
+static void ngx_http_idempotency_cluster_metric(
     ngx_http_idempotency_cnode_t *cn);
 static ngx_int_t ngx_http_idempotency_cluster_send(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
@@ -359,6 +362,7 @@ ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis)
     }
 
     for (i = 0; i < cl->nnodes; i++) {
+        ngx_http_idempotency_metrics_master_del(cl->nodes[i]->metric);
         ngx_free(cl->nodes[i]->node.host.data);
         ngx_free(cl->nodes[i]);
     }
@@ -1074,6 +1078,10 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
 
     cn = (ngx_http_idempotency_cnode_t *) node;
 
+    if (!node->redis->exiting && !ngx_exiting && !ngx_terminate) {
+        ngx_http_idempotency_metrics_master_up(cn->metric, 0);
+    }
+
     if (!cn->master) {
         return 0;
     }
@@ -1083,6 +1091,60 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
     return 1;
 }
 
+
+/* a node's handshake is done */
+
+void
+ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_cnode_t  *cn;
+
+    cn = (ngx_http_idempotency_cnode_t *) node;
+
+    ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+}
+
+
+/*
+ * A series of nginx_idempotency_redis_up per master in the map, by the
+ * endpoint the map names; one that left the map loses it.
+ */
+
+static void
+ngx_http_idempotency_cluster_metric(ngx_http_idempotency_cnode_t *cn)
+{
+    u_char                        buf[NGX_SOCKADDR_STRLEN + 256 + 8];
+    ngx_str_t                     name;
+    ngx_http_idempotency_node_t  *node;
+
+    node = &cn->node;
+
+    if (!cn->master) {
+        ngx_http_idempotency_metrics_master_del(cn->metric);
+        cn->metric = NULL;
+        return;
+    }
+
+    if (cn->metric) {
+        return;
+    }
+
+    if (node->host.len) {
+        name.data = buf;
+        name.len = ngx_snprintf(buf, sizeof(buf), "%V:%d", &node->host,
+                                (int) node->port)
+                   - buf;
+
+    } else {
+        name = node->addrs->name;
+    }
+
+    cn->metric = ngx_http_idempotency_metrics_master_add(node->redis, &name);
+
+    if (node->up) {
+        ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+    }
+}
 
 
 void
@@ -1320,6 +1382,8 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
     for (i = 0; i < cl->nnodes; i++) {
         cn = cl->nodes[i];
         node = &cn->node;
+
+        ngx_http_idempotency_cluster_metric(cn);
 
         if (cn->master) {
             nmasters++;

@@ -522,6 +522,7 @@ ngx_uint_t ngx_http_idempotency_cluster_closed(
     ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_cluster_load_script(
     ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
@@ -577,6 +578,10 @@ void ngx_http_idempotency_metrics_redis_up(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_metrics_redis_down(
     ngx_http_idempotency_redis_t *redis);
+void *ngx_http_idempotency_metrics_master_add(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+void ngx_http_idempotency_metrics_master_del(void *entry);
+void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
 
 /* wait.c: WAIT N TIMEOUT, replicas acknowledge a claim or a store */
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -411,6 +411,8 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       &redis->name, &node->addrs->name,
                       node->was_up ? " again" : "");
 
+        ngx_http_idempotency_cluster_up(node);
+
     } else {
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
                       "idempotency: connected to redis \"%V\"%s",

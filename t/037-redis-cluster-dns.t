@@ -11,6 +11,10 @@
 #   resolves to a dead address first, moved by DNS to the cluster, is
 #   followed without a reload
 # - a failover: the promoted replica, known by its name, takes the keys
+# - nginx_idempotency_redis_up has one series per master in the slot map
+#   (node="ip:port" or "name:port"), all 1; after the failover the old
+#   master's series is gone and the new one's is there; promtool accepts
+#   the scrape
 # - no key ever ran twice upstream, no worker crashed
 # Plain Test::More; Redis on TOPO_BASE+11..+16 (TOPO_BASE default 25000),
 # DNS stub and nginx on 20440-20449.
@@ -23,6 +27,7 @@ use Fleet;
 use TopoTest;
 use DnsStub;
 use Time::HiRes qw(time sleep);
+use IO::Socket::INET;
 
 plan skip_all => 'the module is not loaded' unless have_module();
 plan skip_all => 'redis-server is needed' unless `which redis-server`;
@@ -61,7 +66,8 @@ sub instance {
     my ($name, $http, $redis) = @_;
     my $port = $next_port++;
     my $dir = nginx_conf($name, $http . pay_server($name, $port,
-        "idempotency_redis_timeout 1s; idempotency_redis $redis cluster;"),
+        "idempotency_redis_timeout 1s; idempotency_redis $redis cluster;"
+        . " location = /metrics { idempotency_metrics; }"),
         1);
     nginx_start($dir);
     push @dirs, $dir;
@@ -80,6 +86,42 @@ sub spread {
     push @st, map { idem_status(http_post($port, "$tag-$_", 'x', undef,
                                           undef, 5)) } 1 .. $n;
     return join(' ', sort { $a cmp $b } @st);
+}
+
+# master_series(port, target) -> { node => value, promtool => ... }: the
+# per-master redis_up of a scrape, and what promtool says of it
+my $promtool = `sh -c 'command -v promtool'`;
+chomp $promtool;
+
+sub master_series {
+    my ($port, $target) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 5)
+        or return {};
+    print $s "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    local $/;
+    my $res = <$s> // '';
+    my ($body) = $res =~ /\r\n\r\n(.*)/s;
+    $body //= '';
+    my %m;
+    $m{$1} = $2 while $body =~ /^nginx_idempotency_redis_up\{redis="\Q$target\E",node="([^"]+)"\} (\d+)$/mg;
+    if ($promtool) {
+        open my $f, '>', "$root/scrape.txt" or die $!;
+        print $f $body;
+        close $f;
+        my $out = `$promtool check metrics < $root/scrape.txt 2>&1`;
+        $m{promtool} = $? == 0 ? 'clean' : $out;
+    }
+    return \%m;
+}
+
+sub series_of { my $m = shift; join ' ', map { "$_=$m->{$_}" } sort keys %$m }
+
+# the series wanted: one per master, its port for each P of the pattern
+sub wanted {
+    my $pattern = shift;
+    my %w = map { (my $n = $pattern) =~ s/P/$_/g; ($n => 1) } masters();
+    $w{promtool} = 'clean' if $promtool;
+    return series_of(\%w);
 }
 
 sub served { join ' ', sort(('201 new') x $_[0], ('201 replay') x $_[0]) }
@@ -101,6 +143,8 @@ is(spread('unknown', $port, 12), served(12),
 is(scalar(grep { cli($_, 'DBSIZE') > $before{$_} } keys %before), 3,
    'unknown-endpoint: the keys are on the three masters');
 is(log_count($dir, qr/invalid map/), 0, 'unknown-endpoint: a valid map');
+is(series_of(master_series($port, "127.0.0.1:$nodes[0]")),
+   wanted('127.0.0.1:P'), 'unknown-endpoint: redis_up, one per master');
 
 # --- hostname: the nodes are known by name
 
@@ -129,6 +173,8 @@ is(scalar(grep { cli($_, 'DBSIZE') > $before{$_} } keys %before), 3,
 cmp_ok($dns->queries("node-$nodes[1].test", 'A'), '>', 0,
        'hostname: the nodes were resolved by the resolver');
 is(log_count($dir, qr/\[(error|warn)\]/), 0, 'hostname: no error');
+is(series_of(master_series($port, "seed.test:$nodes[0]")),
+   wanted('node-P.test:P'), 'hostname: redis_up, one per master, by name');
 
 # --- hostname without a resolver: said once, 503
 
@@ -169,6 +215,11 @@ for (my $i = 0; time < $end; $i++) {
 note 'after the failover: ' . join(', ', map { "$_ x$st{$_}" } sort keys %st);
 is(spread('after-fo', $port, 9), served(9),
    'after a failover: every key served');
+ok(wait_until(5, sub {
+       series_of(master_series($port, "seed.test:$nodes[0]"))
+       eq wanted('node-P.test:P') }),
+   'after a failover: the new master has a series, the old one none')
+    or diag series_of(master_series($port, "seed.test:$nodes[0]"));
 
 finish_all(@dirs);
 @dirs = ();
