@@ -487,13 +487,15 @@ ngx_http_idempotency_cluster_named(ngx_http_idempotency_cluster_t *cl,
         return NULL;
     }
 
-    cn->node.host.data = ngx_alloc(len, redis->log);
+    /* NUL-terminated: the name TLS verifies (tls.c) */
+
+    cn->node.host.data = ngx_alloc(len + 1, redis->log);
     if (cn->node.host.data == NULL) {
         ngx_free(cn);
         return NULL;
     }
 
-    ngx_memcpy(cn->node.host.data, host, len);
+    *ngx_cpymem(cn->node.host.data, host, len) = '\0';
     cn->node.host.len = len;
     cn->node.port = port;
 

@@ -337,16 +337,27 @@ ngx_http_idempotency_tls_done(ngx_connection_t *c)
 }
 
 
-/* idempotency_redis_tls_name, else (Sentinel) the address's host */
+/*
+ * idempotency_redis_tls_name, else the host of the address: for a
+ * Sentinel setup that of the address connected to, for a cluster node
+ * known by name (cluster.c) its name
+ */
 
 static ngx_str_t *
 ngx_http_idempotency_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
-    ngx_str_t                     *name;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_str_t                        *name;
+    ngx_http_idempotency_redis_t     *redis;
+    ngx_http_idempotency_loc_conf_t  *conf;
 
     redis = node->redis;
+    conf = redis->tls_conf;
+
+    if (redis->seeds && node->host.len && conf->tls_name.len == 0) {
+        *ip = 0;
+        return &node->host;
+    }
 
     if (redis->tls_name.len || redis->sentinel == NULL) {
         *ip = redis->tls_name_ip;

@@ -15,6 +15,11 @@
 #   (node="ip:port" or "name:port"), all 1; after the failover the old
 #   master's series is gone and the new one's is there; promtool accepts
 #   the scrape
+# - over TLS (util/topology.sh cluster-tls, certificate for localhost and
+#   127.0.0.1 only), a node known by name is verified by that name: nodes
+#   announced as node-N.test are refused (503, logged), unless
+#   idempotency_redis_tls_name names what the certificate has; nodes
+#   announced as localhost are served
 # - no key ever ran twice upstream, no worker crashed
 # Plain Test::More; Redis on TOPO_BASE+11..+16 (TOPO_BASE default 25000),
 # DNS stub and nginx on 20440-20449.
@@ -47,13 +52,18 @@ my %names = map { ("node-$_.test" => ['127.0.0.1']) } @nodes;
 my $dns = DnsStub->start(port => $dns_port, dir => $root, ttl => 1,
                          names => { %names,
                                     'seed.test' => ['127.0.0.1'],
-                                    'moving.test' => ['127.0.0.9'] });
+                                    'moving.test' => ['127.0.0.9'],
+                                    'localhost' => ['127.0.0.1'],
+                                    map { ("node-$_.test" => ['127.0.0.1']) }
+                                        map { $base + $_ } 21 .. 26 });
 
-my ($up, @dirs);
+my ($up, $up_tls, @dirs);
+my $tls_dir = "$ENV{TOPO_DIR}-tls";
 END {
     local $?;
     nginx_stop($_) for @dirs;
     system("$topo down cluster >/dev/null 2>&1") if $up;
+    system("$topo down cluster-tls $tls_dir >/dev/null 2>&1") if $up_tls;
     $dns->stop if $dns;
 }
 
@@ -66,7 +76,8 @@ sub instance {
     my ($name, $http, $redis) = @_;
     my $port = $next_port++;
     my $dir = nginx_conf($name, $http . pay_server($name, $port,
-        "idempotency_redis_timeout 1s; idempotency_redis $redis cluster;"
+        "idempotency_redis_timeout 1s; idempotency_redis $redis"
+        . ($redis =~ / cluster / ? ';' : ' cluster;')
         . " location = /metrics { idempotency_metrics; }"),
         1);
     nginx_start($dir);
@@ -220,6 +231,60 @@ ok(wait_until(5, sub {
        eq wanted('node-P.test:P') }),
    'after a failover: the new master has a series, the old one none')
     or diag series_of(master_series($port, "seed.test:$nodes[0]"));
+
+# --- TLS: a node known by name is verified by its name
+
+system("$topo down cluster >/dev/null 2>&1");
+$up = 0;
+$up_tls = 1;
+topo('up', 'cluster-tls', $tls_dir);
+my @tnodes = map { $base + $_ } 21 .. 26;
+my $t = "$tls_dir/tls";
+my $tcli = "redis-cli --tls --cacert $t/ca.crt --cert $t/client.crt"
+           . " --key $t/client.key";
+
+sub announce {
+    my $fmt = shift;
+    for my $p (@tnodes) {
+        (my $h = $fmt) =~ s/P/$p/g;
+        system("$tcli -p $p CONFIG SET cluster-announce-hostname $h"
+               . " >/dev/null 2>&1");
+        system("$tcli -p $p CONFIG SET cluster-preferred-endpoint-type"
+               . " hostname >/dev/null 2>&1");
+    }
+    (my $re = quotemeta $fmt) =~ s/P/\\d+/g;
+    return wait_until(10, sub {
+        my @named = `$tcli -p $tnodes[0] CLUSTER SLOTS 2>/dev/null`
+                    =~ /^\d+\n\d+\n$re\n/mg;
+        @named == 3 });
+}
+
+my $tls = "tls; idempotency_redis_tls_trusted_certificate $t/ca.crt;"
+          . " idempotency_redis_tls_certificate $t/client.crt;"
+          . " idempotency_redis_tls_certificate_key $t/client.key";
+
+ok(announce('node-P.test'), 'tls: the nodes announce node-N.test');
+my ($dir_tn, $port_tn) = instance('tls-names', $resolver,
+                                  "127.0.0.1:$tnodes[0] cluster $tls");
+my @tn = map { http_post($port_tn, "tn-$_", 'x', undef, undef, 5)->{status} }
+         1 .. 6;
+is("@tn", '503 503 503 503 503 503',
+   'tls: nodes not named in the certificate: 503');
+cmp_ok(log_count($dir_tn,
+                 qr/\[error\].*TLS certificate does not match "node-\d+\.test"/),
+       '>=', 1, 'tls: the name that did not match is logged');
+
+my ($dir_tl, $port_tl) = instance('tls-name', $resolver,
+                                  "127.0.0.1:$tnodes[0] cluster $tls;"
+                                  . " idempotency_redis_tls_name localhost");
+is(spread('tl', $port_tl, 6), served(6),
+   'tls: idempotency_redis_tls_name for every node: served');
+
+ok(announce('localhost'), 'tls: the nodes announce localhost');
+my ($dir_lh, $port_lh) = instance('tls-localhost', $resolver,
+                                  "127.0.0.1:$tnodes[0] cluster $tls");
+is(spread('lh', $port_lh, 6), served(6),
+   'tls: nodes announced by a name the certificate has: served');
 
 finish_all(@dirs);
 @dirs = ();
