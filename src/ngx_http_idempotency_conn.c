@@ -47,6 +47,16 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
         return ngx_http_idempotency_cluster_conf_seeds(cf, redis);
     }
 
+    if (redis->sentinel && redis->resolver == NULL) {
+        /* for a master the Sentinels name by host name */
+        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+        if (clcf->resolver && clcf->resolver->connections.nelts) {
+            redis->resolver = clcf->resolver;
+            redis->resolver_timeout = clcf->resolver_timeout;
+        }
+    }
+
     if (redis->sentinel || redis->seeds) {
         /*
          * the Sentinels name the master's address at run time; cluster.c

@@ -170,7 +170,7 @@ void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
     if (node->naddrs == 0 && node->redis->sentinel
-        && node->redis->naddrs == 0)
+        && node->redis->naddrs == 0 && node->redis->host.len == 0)
     {
         /* no master named yet: sentinel.c connects when one is */
         return;

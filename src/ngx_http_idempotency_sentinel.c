@@ -61,6 +61,11 @@ static void ngx_http_idempotency_sentinel_message(
 static ngx_int_t ngx_http_idempotency_sentinel_set_master(
     ngx_http_idempotency_sentinel_t *s, u_char *ip, size_t ip_len,
     u_char *port, size_t port_len);
+static ngx_int_t ngx_http_idempotency_sentinel_set_named(
+    ngx_http_idempotency_sentinel_t *s, u_char *host, size_t len,
+    ngx_int_t port);
+static ngx_int_t ngx_http_idempotency_sentinel_switch(
+    ngx_http_idempotency_sentinel_t *s);
 static ngx_int_t ngx_http_idempotency_sentinel_send(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_reply_pt handler,
     int argc, const char **argv, const size_t *argvlen);
@@ -625,7 +630,8 @@ ngx_http_idempotency_sentinel_addr_done(ngx_http_idempotency_op_t *op,
         s->complained = 1;
     }
 
-    ngx_http_idempotency_redis_reset(s->sentinels);
+    /* throttled: a Sentinel that keeps failing is not hammered */
+    ngx_http_idempotency_sentinel_ask(s, 1);
 }
 
 
@@ -760,11 +766,22 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
         addr->socklen = sizeof(struct sockaddr_in6);
 #endif
 
+    } else if (s->redis->resolver) {
+        /* a host name (announce-hostnames yes): resolved on connect */
+        ngx_free(p);
+        return ngx_http_idempotency_sentinel_set_named(s, ip, ip_len, n);
+
     } else {
-        /* a host name (resolve-hostnames yes) is not supported */
-        ngx_log_error(NGX_LOG_ERR, s->redis->log, 0,
-                      "idempotency: sentinel named master \"%V\" at "
-                      "\"%*s\", not an IP address", &s->master, ip_len, ip);
+        /* once per streak: it stands for "did not name master" too */
+
+        if (!s->complained) {
+            ngx_log_error(NGX_LOG_ERR, s->redis->log, 0,
+                          "idempotency: sentinel named master \"%V\" at "
+                          "\"%*s\", not an IP address (a host name needs "
+                          "a \"resolver\")", &s->master, ip_len, ip);
+            s->complained = 1;
+        }
+
         ngx_free(p);
         return NGX_ERROR;
     }
@@ -776,7 +793,7 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
     addr->name.len = ngx_sock_ntop(addr->sockaddr, addr->socklen,
                                    addr->name.data, NGX_SOCKADDR_STRLEN, 1);
 
-    if (node->naddrs
+    if (node->naddrs && s->redis->host.len == 0
         && ngx_cmp_sockaddr(node->addrs[0].sockaddr, node->addrs[0].socklen,
                             addr->sockaddr, addr->socklen, 1)
            == NGX_OK)
@@ -812,6 +829,66 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
 
     node->addrs = addr;
     node->naddrs = 1;
+
+    /* no longer a name to resolve */
+    s->redis->host.len = 0;
+
+    return ngx_http_idempotency_sentinel_switch(s);
+}
+
+
+/*
+ * A master named by host name: conn.c resolves redis->host with the
+ * resolver on every connect, as it does a standalone name; TLS verifies
+ * that name
+ */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_set_named(ngx_http_idempotency_sentinel_t *s,
+    u_char *host, size_t len, ngx_int_t port)
+{
+    ngx_http_idempotency_node_t   *node;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = s->redis;
+    node = redis->node;
+
+    if (redis->host.len == len && redis->port == port
+        && ngx_strncasecmp(redis->host.data, host, len) == 0)
+    {
+        return NGX_OK;
+    }
+
+    *ngx_cpymem(s->master_buf, host, len) = '\0';
+    s->master_host.data = s->master_buf;
+    s->master_host.len = len;
+
+    redis->host = s->master_host;
+    redis->port = (in_port_t) port;
+
+    ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                  "idempotency: redis \"%V\": the master is %s%V:%i",
+                  &redis->name, node->naddrs ? "now " : "", &redis->host,
+                  port);
+
+    ngx_free(node->addrs);
+
+    node->addrs = NULL;
+    node->naddrs = 0;
+
+    return ngx_http_idempotency_sentinel_switch(s);
+}
+
+
+/* the node goes to the master's new address, at once */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
+{
+    ngx_http_idempotency_node_t  *node;
+
+    node = s->redis->node;
+
     node->addr = 0;
     node->failed = 0;
     s->not_master = 0;

@@ -12,9 +12,12 @@
 # - a graceful failover under traffic: followed without a reload, every
 #   request served, new keys on the new master
 # - a wrong CA: a quick 503, one log line for the whole failure streak
+# - a master the Sentinels name by host name (resolve-hostnames and
+#   announce-hostnames yes): resolved with the resolver (t/lib/DnsStub.pm)
+#   and verified by that name; without a resolver, 503 and one log line
 # - no key ever ran twice upstream, no worker crashed
 # Plain Test::More; Redis on TOPO_BASE+61..+73 (TOPO_BASE default 25000),
-# nginx on 20420-20429.
+# nginx on 20420-20428, the DNS stub on 20429.
 use strict;
 use warnings;
 use Test::More;
@@ -22,6 +25,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Fleet;
 use TopoTest;
+use DnsStub;
 use Time::HiRes qw(time sleep);
 use POSIX ();
 
@@ -203,6 +207,36 @@ is("@after", '201 201 201 201 201', 'after the switch: 201');
 is(cli($master, 'DBSIZE'), $db + 5, "the new keys are on $master");
 $db = http_post($port, 'fo-0', 'x');
 is(idem_status($db), '201 replay', 'a key of before the switch: replay');
+
+# --- a master named by host name: one Sentinel monitors it as localhost
+
+my $dns = DnsStub->start(port => 20429, dir => $root, ttl => 1,
+                         names => { 'localhost' => ['127.0.0.1'] });
+cli($sentinels[0], qw(SENTINEL CONFIG SET resolve-hostnames yes));
+cli($sentinels[0], qw(SENTINEL CONFIG SET announce-hostnames yes));
+cli($sentinels[0], qw(SENTINEL MONITOR idem2 localhost), $master, 1);
+like(cli($sentinels[0], qw(SENTINEL get-master-addr-by-name idem2)),
+     qr/^localhost\n$master$/, 'the Sentinel names the master localhost');
+
+my $one = "idempotency_redis 127.0.0.1:$sentinels[0] sentinel=idem2 tls; $ca";
+my ($hn, $hn_port) = instance('hostname',
+    "$one resolver 127.0.0.1:20429 valid=1s ipv6=off; resolver_timeout 1s;");
+ok(wait_until(5 * $slow, sub {
+       log_count($hn, qr/the master is localhost:$master\b/) }),
+   'hostname: the master was named by host name');
+$db = cli($master, 'DBSIZE');
+my @hs = map { idem_status(http_post($hn_port, 'stls-hn', 'x')) } 1 .. 2;
+is("@hs", '201 new 201 replay', 'hostname: new, then replay');
+is(cli($master, 'DBSIZE'), $db + 1, 'hostname: the record is on the master');
+cmp_ok($dns->queries('localhost', 'A'), '>', 0,
+       'hostname: resolved by the resolver');
+
+refused('hostname_no_resolver', $one,
+        qr/\[error\].*sentinel named master "idem2" at "localhost", not an IP address \(a host name needs a "resolver"\)/);
+
+cli($sentinels[0], qw(SENTINEL REMOVE idem2));
+cli($sentinels[0], qw(SENTINEL CONFIG SET announce-hostnames no));
+$dns->stop;
 
 finish_all(@dirs);
 note sprintf 'took %.1f s', time - $t0;
