@@ -213,8 +213,8 @@ ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis)
 {
     ngx_uint_t                    i;
-    ngx_http_idempotency_seed_t  *seed;
     ngx_http_core_loc_conf_t     *clcf;
+    ngx_http_idempotency_seed_t  *seed;
 
     if (redis->resolver) {
         return NGX_OK;

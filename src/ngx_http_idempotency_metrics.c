@@ -1090,11 +1090,11 @@ void *
 ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *name)
 {
-    uint32_t                               target;
-    ngx_uint_t                             i;
-    ngx_http_idempotency_metrics_shm_t    *sh;
-    ngx_http_idempotency_metrics_conf_t   *mcf;
-    ngx_http_idempotency_metrics_master_t *m, *free;
+    uint32_t                                target;
+    ngx_uint_t                              i;
+    ngx_http_idempotency_metrics_shm_t     *sh;
+    ngx_http_idempotency_metrics_conf_t    *mcf;
+    ngx_http_idempotency_metrics_master_t  *m, *unused;
 
     mcf = ngx_http_idempotency_metrics_get_conf();
     if (mcf == NULL || name->len > NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN) {
@@ -1103,7 +1103,7 @@ ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
 
     sh = mcf->sh;
     target = ngx_crc32_short(redis->name.data, redis->name.len);
-    free = NULL;
+    unused = NULL;
 
     ngx_spinlock(&sh->masters_lock, ngx_pid, 1024);
 
@@ -1111,8 +1111,8 @@ ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
         m = &sh->masters[i];
 
         if (m->refs == 0) {
-            if (free == NULL) {
-                free = m;
+            if (unused == NULL) {
+                unused = m;
             }
 
             continue;
@@ -1128,20 +1128,20 @@ ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
         }
     }
 
-    if (free) {
+    if (unused) {
         /* a scrape reads without the lock: the entry is whole when seen */
-        free->up = 0;
-        free->target = target;
-        free->target_len = (uint32_t) redis->name.len;
-        free->len = name->len;
-        ngx_memcpy(free->name, name->data, name->len);
+        unused->up = 0;
+        unused->target = target;
+        unused->target_len = (uint32_t) redis->name.len;
+        unused->len = name->len;
+        ngx_memcpy(unused->name, name->data, name->len);
         ngx_memory_barrier();
-        free->refs = 1;
+        unused->refs = 1;
     }
 
     ngx_unlock(&sh->masters_lock);
 
-    return free;
+    return unused;
 }
 
 
