@@ -28,10 +28,19 @@
 typedef struct ngx_http_idempotency_cluster_s  ngx_http_idempotency_cluster_t;
 
 
+/* a seed given by name, in redis->seed_names */
+typedef struct {
+    ngx_str_t                        addr;       /* as written */
+    ngx_str_t                        host;
+    in_port_t                        port;
+} ngx_http_idempotency_seed_t;
+
+
 typedef struct {
     ngx_http_idempotency_node_t      node;       /* first: a node_t * */
     ngx_http_idempotency_cluster_t  *cluster;
     ngx_uint_t                       index;
+    void                            *metric;     /* in the map: metrics.c */
     unsigned                         master:1;   /* wanted: reconnected */
 } ngx_http_idempotency_cnode_t;
 
@@ -54,6 +63,7 @@ struct ngx_http_idempotency_cluster_s {
     unsigned                         known:1;    /* a map was learnt */
     unsigned                         refused:1;  /* logged once */
     unsigned                         asking_refused:1;
+    unsigned                         no_resolver:1;  /* logged once */
 
     uint16_t                         slot_node[NGX_HTTP_IDEMPOTENCY_SLOTS];
 };
@@ -62,10 +72,17 @@ struct ngx_http_idempotency_cluster_s {
 static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node(
     ngx_http_idempotency_cluster_t *cl, struct sockaddr *sa,
     socklen_t socklen);
+static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_named(
+    ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
+    in_port_t port);
+static ngx_int_t ngx_http_idempotency_cluster_add(
+    ngx_http_idempotency_cluster_t *cl, ngx_http_idempotency_cnode_t *cn);
 static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node_at(
     ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
     ngx_int_t port, ngx_http_idempotency_node_t *from);
 static void ngx_http_idempotency_cluster_use(
+    ngx_http_idempotency_cnode_t *cn);
+static void ngx_http_idempotency_cluster_metric(
     ngx_http_idempotency_cnode_t *cn);
 static ngx_int_t ngx_http_idempotency_cluster_send(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
@@ -130,22 +147,48 @@ ngx_http_idempotency_cluster_slot(u_char *key, size_t len)
 
 
 /*
- * The seeds are resolved once, now, as a standalone address without a
- * resolver is; the masters are announced by address.
+ * Seeds by address are taken now; a seed by name waits for the merge
+ * (cluster_conf_seeds()), which knows whether a resolver is configured.
  */
 
 ngx_int_t
 ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n)
 {
-    ngx_uint_t  i;
+    ngx_url_t                     u;
+    ngx_uint_t                    i;
+    ngx_http_idempotency_seed_t  *seed;
 
     redis->seeds = ngx_array_create(cf->pool, n, sizeof(ngx_addr_t));
-    if (redis->seeds == NULL) {
+    redis->seed_names = ngx_array_create(cf->pool, n,
+                                         sizeof(ngx_http_idempotency_seed_t));
+    if (redis->seeds == NULL || redis->seed_names == NULL) {
         return NGX_ERROR;
     }
 
     for (i = 0; i < n; i++) {
+        ngx_memzero(&u, sizeof(ngx_url_t));
+
+        u.url = addrs[i];
+        u.default_port = 6379;
+        u.no_resolve = 1;
+
+        if (ngx_parse_url(cf->pool, &u) == NGX_OK
+            && u.naddrs == 0 && u.host.len && u.family != AF_UNIX)
+        {
+            seed = ngx_array_push(redis->seed_names);
+            if (seed == NULL) {
+                return NGX_ERROR;
+            }
+
+            seed->addr = addrs[i];
+            seed->host = u.host;
+            seed->port = u.port;
+            continue;
+        }
+
+        /* an address, or an error to report */
+
         if (ngx_http_idempotency_conf_addrs(cf, &addrs[i], 6379,
                                             "redis cluster seed",
                                             redis->seeds)
@@ -159,12 +202,57 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
 }
 
 
+/*
+ * At the merge: with an http resolver where the target is used, the
+ * seeds by name are resolved on every connect, and nodes may announce
+ * host names; without one, the names are resolved now, once.
+ */
+
+ngx_int_t
+ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis)
+{
+    ngx_uint_t                    i;
+    ngx_http_core_loc_conf_t     *clcf;
+    ngx_http_idempotency_seed_t  *seed;
+
+    if (redis->resolver) {
+        return NGX_OK;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->resolver && clcf->resolver->connections.nelts) {
+        redis->resolver = clcf->resolver;
+        redis->resolver_timeout = clcf->resolver_timeout;
+        return NGX_OK;
+    }
+
+    seed = redis->seed_names->elts;
+
+    for (i = 0; i < redis->seed_names->nelts; i++) {
+        if (ngx_http_idempotency_conf_addrs(cf, &seed[i].addr, 6379,
+                                            "redis cluster seed",
+                                            redis->seeds)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    redis->seed_names->nelts = 0;
+
+    return NGX_OK;
+}
+
+
 ngx_int_t
 ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
     ngx_uint_t                       i;
     ngx_addr_t                      *seeds;
+    ngx_http_idempotency_seed_t     *seed;
     ngx_http_idempotency_cnode_t    *cn;
     ngx_http_idempotency_cluster_t  *cl;
 
@@ -205,6 +293,21 @@ ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
         /* a seed is wanted until the map says whether it is a master */
 
         if (i == 0) {
+            ngx_http_idempotency_cluster_use(cn);
+        }
+    }
+
+    seed = redis->seed_names->elts;
+
+    for (i = 0; i < redis->seed_names->nelts; i++) {
+        cn = ngx_http_idempotency_cluster_named(cl, seed[i].host.data,
+                                                seed[i].host.len,
+                                                seed[i].port);
+        if (cn == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (cn->index == 0) {
             ngx_http_idempotency_cluster_use(cn);
         }
     }
@@ -259,6 +362,8 @@ ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis)
     }
 
     for (i = 0; i < cl->nnodes; i++) {
+        ngx_http_idempotency_metrics_master_del(cl->nodes[i]->metric);
+        ngx_free(cl->nodes[i]->node.host.data);
         ngx_free(cl->nodes[i]);
     }
 
@@ -278,13 +383,19 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
     size_t                           size;
     ngx_uint_t                       i;
     ngx_addr_t                      *addr;
-    ngx_http_idempotency_cnode_t    *cn, **nodes;
+    ngx_http_idempotency_cnode_t    *cn;
     ngx_http_idempotency_redis_t    *redis;
 
     redis = cl->redis;
 
     for (i = 0; i < cl->nnodes; i++) {
         addr = cl->nodes[i]->node.addrs;
+
+        /* a node by name is known by its name: addresses come and go */
+
+        if (cl->nodes[i]->node.host.len) {
+            continue;
+        }
 
         if (ngx_cmp_sockaddr(addr->sockaddr, addr->socklen, sa, socklen, 1)
             == NGX_OK)
@@ -293,24 +404,8 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
         }
     }
 
-    if (cl->nnodes == NGX_HTTP_IDEMPOTENCY_MAX_NODES
-        || socklen > sizeof(ngx_sockaddr_t))
-    {
+    if (socklen > sizeof(ngx_sockaddr_t)) {
         return NULL;
-    }
-
-    if (cl->nnodes % 16 == 0) {
-        nodes = ngx_alloc((cl->nnodes + 16) * sizeof(void *), redis->log);
-        if (nodes == NULL) {
-            return NULL;
-        }
-
-        if (cl->nnodes) {
-            ngx_memcpy(nodes, cl->nodes, cl->nnodes * sizeof(void *));
-        }
-
-        ngx_free(cl->nodes);
-        cl->nodes = nodes;
     }
 
     /* one block, freed by conn.c as resolved addresses are */
@@ -336,22 +431,128 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
     addr->name.len = ngx_sock_ntop(addr->sockaddr, socklen, addr->name.data,
                                    NGX_SOCKADDR_STRLEN, 1);
 
-    ngx_http_idempotency_node_init(&cn->node, redis, redis->log);
-
     cn->node.addrs = addr;
     cn->node.naddrs = 1;
-    cn->cluster = cl;
-    cn->index = cl->nnodes;
 
-    cl->nodes[cl->nnodes++] = cn;
+    if (ngx_http_idempotency_cluster_add(cl, cn) != NGX_OK) {
+        ngx_free(addr);
+        ngx_free(cn);
+        return NULL;
+    }
 
     return cn;
 }
 
 
 /*
- * The endpoint of a MOVED, an ASK or a slot range: an empty host is the
- * replying node's; "?" (not known yet) and host names are not used.
+ * The node of a host name (a seed, or a node that announces one): it is
+ * resolved on every connect by conn.c, with the http resolver
+ */
+
+static ngx_http_idempotency_cnode_t *
+ngx_http_idempotency_cluster_named(ngx_http_idempotency_cluster_t *cl,
+    u_char *host, size_t len, in_port_t port)
+{
+    ngx_uint_t                      i;
+    ngx_http_idempotency_node_t    *node;
+    ngx_http_idempotency_cnode_t   *cn;
+    ngx_http_idempotency_redis_t   *redis;
+
+    redis = cl->redis;
+
+    for (i = 0; i < cl->nnodes; i++) {
+        node = &cl->nodes[i]->node;
+
+        if (node->port == port && node->host.len == len
+            && ngx_strncasecmp(node->host.data, host, len) == 0)
+        {
+            return cl->nodes[i];
+        }
+    }
+
+    if (redis->resolver == NULL) {
+        if (!cl->no_resolver) {
+            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                          "idempotency: redis cluster \"%V\" names a node "
+                          "\"%*s\": host names need a \"resolver\"",
+                          &redis->name, len, host);
+            cl->no_resolver = 1;
+        }
+
+        return NULL;
+    }
+
+    cn = ngx_calloc(sizeof(ngx_http_idempotency_cnode_t), redis->log);
+    if (cn == NULL) {
+        return NULL;
+    }
+
+    /* NUL-terminated: the name TLS verifies (tls.c) */
+
+    cn->node.host.data = ngx_alloc(len + 1, redis->log);
+    if (cn->node.host.data == NULL) {
+        ngx_free(cn);
+        return NULL;
+    }
+
+    *ngx_cpymem(cn->node.host.data, host, len) = '\0';
+    cn->node.host.len = len;
+    cn->node.port = port;
+
+    if (ngx_http_idempotency_cluster_add(cl, cn) != NGX_OK) {
+        ngx_free(cn->node.host.data);
+        ngx_free(cn);
+        return NULL;
+    }
+
+    return cn;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
+    ngx_http_idempotency_cnode_t *cn)
+{
+    ngx_http_idempotency_cnode_t  **nodes;
+    ngx_http_idempotency_redis_t   *redis;
+
+    redis = cl->redis;
+
+    if (cl->nnodes == NGX_HTTP_IDEMPOTENCY_MAX_NODES) {
+        return NGX_ERROR;
+    }
+
+    if (cl->nnodes % 16 == 0) {
+        nodes = ngx_alloc((cl->nnodes + 16) * sizeof(void *), redis->log);
+        if (nodes == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (cl->nnodes) {
+            ngx_memcpy(nodes, cl->nodes, cl->nnodes * sizeof(void *));
+        }
+
+        ngx_free(cl->nodes);
+        cl->nodes = nodes;
+    }
+
+    ngx_http_idempotency_node_init(&cn->node, redis, redis->log);
+
+    cn->cluster = cl;
+    cn->index = cl->nnodes;
+
+    cl->nodes[cl->nnodes++] = cn;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The endpoint of a MOVED, an ASK or a slot range: an empty host (or a
+ * nil one, cluster-preferred-endpoint-type unknown-endpoint) is the
+ * replying node's, by its name if it has one; "?" (a node that should
+ * announce a host name and has none) is not used; a host name is
+ * resolved with the resolver.
  */
 
 static ngx_http_idempotency_cnode_t *
@@ -372,6 +573,11 @@ ngx_http_idempotency_cluster_node_at(ngx_http_idempotency_cluster_t *cl,
 
     ngx_memzero(&sa, sizeof(ngx_sockaddr_t));
 
+    if (len == 0 && from->host.len) {
+        host = from->host.data;
+        len = from->host.len;
+    }
+
     if (len == 0) {
         socklen = from->addrs->socklen;
         ngx_memcpy(&sa, from->addrs->sockaddr, socklen);
@@ -391,8 +597,12 @@ ngx_http_idempotency_cluster_node_at(ngx_http_idempotency_cluster_t *cl,
             socklen = sizeof(struct sockaddr_in6);
 #endif
 
-        } else {
+        } else if (len == 1 && host[0] == '?') {
             return NULL;
+
+        } else {
+            return ngx_http_idempotency_cluster_named(cl, host, len,
+                                                      (in_port_t) port);
         }
     }
 
@@ -746,7 +956,7 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
                                               node);
 
     if (cn == NULL) {
-        /* "?": the endpoint is not known yet */
+        /* "?": the endpoint is not known yet; or no resolver */
         ngx_http_idempotency_cluster_refresh(cl);
 
         if (ngx_http_idempotency_cluster_expired(op)) {
@@ -870,6 +1080,10 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
 
     cn = (ngx_http_idempotency_cnode_t *) node;
 
+    if (!node->redis->exiting && !ngx_exiting && !ngx_terminate) {
+        ngx_http_idempotency_metrics_master_up(cn->metric, 0);
+    }
+
     if (!cn->master) {
         return 0;
     }
@@ -877,6 +1091,61 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
     ngx_http_idempotency_cluster_refresh(cn->cluster);
 
     return 1;
+}
+
+
+/* a node's handshake is done */
+
+void
+ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_cnode_t  *cn;
+
+    cn = (ngx_http_idempotency_cnode_t *) node;
+
+    ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+}
+
+
+/*
+ * A series of nginx_idempotency_redis_up per master in the map, by the
+ * endpoint the map names; one that left the map loses it.
+ */
+
+static void
+ngx_http_idempotency_cluster_metric(ngx_http_idempotency_cnode_t *cn)
+{
+    u_char                        buf[NGX_SOCKADDR_STRLEN + 256 + 8];
+    ngx_str_t                     name;
+    ngx_http_idempotency_node_t  *node;
+
+    node = &cn->node;
+
+    if (!cn->master) {
+        ngx_http_idempotency_metrics_master_del(cn->metric);
+        cn->metric = NULL;
+        return;
+    }
+
+    if (cn->metric) {
+        return;
+    }
+
+    if (node->host.len) {
+        name.data = buf;
+        name.len = ngx_snprintf(buf, sizeof(buf), "%V:%d", &node->host,
+                                (int) node->port)
+                   - buf;
+
+    } else {
+        name = node->addrs->name;
+    }
+
+    cn->metric = ngx_http_idempotency_metrics_master_add(node->redis, &name);
+
+    if (node->up) {
+        ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+    }
 }
 
 
@@ -1089,13 +1358,15 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
         start = range->element[0]->integer;
         end = range->element[1]->integer;
 
+        /* a nil endpoint: str is NULL, len 0 */
+
         cn = ngx_http_idempotency_cluster_node_at(cl,
                                            (u_char *) master->element[0]->str,
                                            master->element[0]->len,
                                            master->element[1]->integer,
                                            op->node);
         if (cn == NULL) {
-            /* "?" or a host name: these slots stay unknown */
+            /* "?", or a host name without a resolver: unknown slots */
             continue;
         }
 
@@ -1113,6 +1384,8 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
     for (i = 0; i < cl->nnodes; i++) {
         cn = cl->nodes[i];
         node = &cn->node;
+
+        ngx_http_idempotency_cluster_metric(cn);
 
         if (cn->master) {
             nmasters++;
@@ -1182,7 +1455,8 @@ ngx_http_idempotency_cluster_slots_valid(redisReply *reply)
         master = range->element[2];
 
         if (master->elements < 2
-            || master->element[0]->type != REDIS_REPLY_STRING
+            || (master->element[0]->type != REDIS_REPLY_STRING
+                && master->element[0]->type != REDIS_REPLY_NIL)
             || master->element[1]->type != REDIS_REPLY_INTEGER)
         {
             return NGX_ERROR;

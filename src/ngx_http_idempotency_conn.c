@@ -42,6 +42,21 @@ ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     ngx_url_t                  u;
     ngx_http_core_loc_conf_t  *clcf;
 
+    if (redis->seeds) {
+        /* seeds by name, and the host names nodes may announce */
+        return ngx_http_idempotency_cluster_conf_seeds(cf, redis);
+    }
+
+    if (redis->sentinel && redis->resolver == NULL) {
+        /* for a master the Sentinels name by host name */
+        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+        if (clcf->resolver && clcf->resolver->connections.nelts) {
+            redis->resolver = clcf->resolver;
+            redis->resolver_timeout = clcf->resolver_timeout;
+        }
+    }
+
     if (redis->sentinel || redis->seeds) {
         /*
          * the Sentinels name the master's address at run time; cluster.c
@@ -206,12 +221,16 @@ ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
 void
 ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node)
 {
+    ngx_str_t                     *host;
     ngx_resolver_ctx_t            *ctx;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = node->redis;
 
-    if (redis->resolver == NULL) {
+    /* a cluster node by name (cluster.c), or the target's one name */
+    host = redis->seeds ? &node->host : &redis->host;
+
+    if (redis->resolver == NULL || host->len == 0) {
         ngx_http_idempotency_conn_connect(node);
         return;
     }
@@ -227,7 +246,7 @@ ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    ctx->name = redis->host;
+    ctx->name = *host;
     ctx->handler = ngx_http_idempotency_conn_resolved;
     ctx->data = node;
     ctx->timeout = redis->resolver_timeout;
@@ -259,8 +278,10 @@ ngx_http_idempotency_conn_resolved(ngx_resolver_ctx_t *ctx)
     if (ctx->state || ctx->naddrs == 0) {
         if (!node->failed) {
             ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                          "idempotency: cannot resolve redis \"%V\": %s%s",
-                          &redis->name,
+                          "idempotency: cannot resolve redis \"%V\"%s%V%s: "
+                          "%s%s", &redis->name,
+                          node->host.len ? " (" : "", &node->host,
+                          node->host.len ? ")" : "",
                           ngx_resolver_strerror(ctx->state),
                           node->naddrs ? ", using the last address" : "");
         }
@@ -298,7 +319,8 @@ ngx_http_idempotency_conn_resolved(ngx_resolver_ctx_t *ctx)
         addrs[i].socklen = ctx->addrs[i].socklen;
         ngx_memcpy(addrs[i].sockaddr, ctx->addrs[i].sockaddr,
                    ctx->addrs[i].socklen);
-        ngx_inet_set_port(addrs[i].sockaddr, redis->port);
+        ngx_inet_set_port(addrs[i].sockaddr,
+                          node->host.len ? node->port : redis->port);
 
         addrs[i].name.data = (u_char *) sa + n * sizeof(ngx_sockaddr_t)
                              + i * NGX_SOCKADDR_STRLEN;

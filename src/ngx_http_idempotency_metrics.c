@@ -31,6 +31,11 @@
           + NGX_HTTP_IDEMPOTENCY_METRICS_REDIS))
 #define NGX_HTTP_IDEMPOTENCY_METRICS_NAME_MAX  64
 
+/* cluster masters with a series of their own, for all targets together */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS   64
+#define NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN                               \
+    (NGX_SOCKADDR_STRLEN + NGX_HTTP_IDEMPOTENCY_METRICS_NAME_MAX)
+
 /* the values of $idempotency_status, bypass to error */
 #define NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES  8
 #define NGX_HTTP_IDEMPOTENCY_METRICS_RESULTS   4
@@ -64,6 +69,21 @@ typedef struct {
 } ngx_http_idempotency_metrics_slot_t;
 
 
+/*
+ * A cluster master in some worker's slot map: refs counts the workers that
+ * have it there (a reload's old and new workers alike), and a free entry
+ * has none; up is the last connection event of any worker.
+ */
+typedef struct {
+    ngx_atomic_t         refs;
+    ngx_atomic_t         up;
+    uint32_t             target;     /* crc32 of the target's name */
+    uint32_t             target_len;
+    size_t               len;
+    u_char               name[NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN];
+} ngx_http_idempotency_metrics_master_t;
+
+
 typedef struct {
     ngx_atomic_t         claims_lost;
     /* claim round trips per bucket (not cumulative), the last above 1s */
@@ -71,6 +91,11 @@ typedef struct {
     ngx_atomic_t         latency_usec;
     ngx_http_idempotency_metrics_slot_t
                          slots[NGX_HTTP_IDEMPOTENCY_METRICS_SLOTS];
+
+    /* taken by workers at run time: under the lock */
+    ngx_atomic_t         masters_lock;
+    ngx_http_idempotency_metrics_master_t
+                         masters[NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS];
 } ngx_http_idempotency_metrics_shm_t;
 
 
@@ -111,6 +136,8 @@ static ngx_http_idempotency_metrics_slot_t *
 static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
     ngx_uint_t result);
 static uint64_t ngx_http_idempotency_metrics_usec(void);
+static u_char *ngx_http_idempotency_metrics_masters(u_char *p, u_char *end,
+    ngx_http_idempotency_metrics_shm_t *sh, ngx_str_t *target);
 
 
 static ngx_str_t  ngx_http_idempotency_metrics_zone_name =
@@ -688,6 +715,13 @@ ngx_http_idempotency_metrics_size(ngx_http_idempotency_metrics_conf_t *mcf,
     for (i = 0; i < imcf->servers.nelts; i++) {
         /* escaping at most doubles a label value */
         size += 2 * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len);
+
+        if (rp[i]->seeds) {
+            size += NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS
+                    * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE
+                       + 2 * (rp[i]->name.len
+                              + NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN));
+        }
     }
 
     return size;
@@ -792,6 +826,11 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
             p = ngx_slprintf(p, end, "%s{redis=\"", server_names[k]);
             p = ngx_http_idempotency_metrics_escape(p, end, &rp[i]->name);
             p = ngx_slprintf(p, end, "\"} %uA\n", s->count[k]);
+
+            if (k == NGX_HTTP_IDEMPOTENCY_METRICS_UP && rp[i]->seeds) {
+                p = ngx_http_idempotency_metrics_masters(p, end, sh,
+                                                         &rp[i]->name);
+            }
         }
     }
 
@@ -1038,6 +1077,140 @@ ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
     }
 
     return NULL;
+}
+
+
+/*
+ * cluster.c: a master entered a worker's slot map (its entry, or NULL
+ * when the table is full), and left it; the label is "host:port" as the
+ * map names it.  A crashed worker's entries stay until the next restart.
+ */
+
+void *
+ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *name)
+{
+    uint32_t                                target;
+    ngx_uint_t                              i;
+    ngx_http_idempotency_metrics_shm_t     *sh;
+    ngx_http_idempotency_metrics_conf_t    *mcf;
+    ngx_http_idempotency_metrics_master_t  *m, *unused;
+
+    mcf = ngx_http_idempotency_metrics_get_conf();
+    if (mcf == NULL || name->len > NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN) {
+        return NULL;
+    }
+
+    sh = mcf->sh;
+    target = ngx_crc32_short(redis->name.data, redis->name.len);
+    unused = NULL;
+
+    ngx_spinlock(&sh->masters_lock, ngx_pid, 1024);
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS; i++) {
+        m = &sh->masters[i];
+
+        if (m->refs == 0) {
+            if (unused == NULL) {
+                unused = m;
+            }
+
+            continue;
+        }
+
+        if (m->target == target && m->target_len == redis->name.len
+            && m->len == name->len
+            && ngx_strncmp(m->name, name->data, name->len) == 0)
+        {
+            m->refs++;
+            ngx_unlock(&sh->masters_lock);
+            return m;
+        }
+    }
+
+    if (unused) {
+        /* a scrape reads without the lock: the entry is whole when seen */
+        unused->up = 0;
+        unused->target = target;
+        unused->target_len = (uint32_t) redis->name.len;
+        unused->len = name->len;
+        ngx_memcpy(unused->name, name->data, name->len);
+        ngx_memory_barrier();
+        unused->refs = 1;
+    }
+
+    ngx_unlock(&sh->masters_lock);
+
+    return unused;
+}
+
+
+void
+ngx_http_idempotency_metrics_master_del(void *entry)
+{
+    ngx_http_idempotency_metrics_conf_t    *mcf;
+    ngx_http_idempotency_metrics_master_t  *m = entry;
+
+    mcf = ngx_http_idempotency_metrics_get_conf();
+    if (mcf == NULL || m == NULL) {
+        return;
+    }
+
+    ngx_spinlock(&mcf->sh->masters_lock, ngx_pid, 1024);
+
+    if (m->refs) {
+        m->refs--;
+    }
+
+    ngx_unlock(&mcf->sh->masters_lock);
+}
+
+
+void
+ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up)
+{
+    ngx_http_idempotency_metrics_master_t  *m = entry;
+
+    if (m) {
+        m->up = up;
+    }
+}
+
+
+/* after a cluster target's own redis_up: one series per master */
+
+static u_char *
+ngx_http_idempotency_metrics_masters(u_char *p, u_char *end,
+    ngx_http_idempotency_metrics_shm_t *sh, ngx_str_t *target)
+{
+    uint32_t                                hash;
+    ngx_str_t                               name;
+    ngx_uint_t                              i;
+    ngx_http_idempotency_metrics_master_t  *m;
+
+    hash = ngx_crc32_short(target->data, target->len);
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS; i++) {
+        m = &sh->masters[i];
+
+        if (m->refs == 0 || m->target != hash
+            || m->target_len != target->len
+            || m->len > NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN)
+        {
+            continue;
+        }
+
+        name.data = m->name;
+        name.len = m->len;
+
+        p = ngx_slprintf(p, end, "nginx_idempotency_redis_up{redis=\"");
+        p = ngx_http_idempotency_metrics_escape(p, end, target);
+        p = ngx_slprintf(p, end, "\",node=\"");
+        p = ngx_http_idempotency_metrics_escape(p, end, &name);
+        p = ngx_slprintf(p, end, "\"} %uA\n", m->up);
+    }
+
+    return p;
 }
 
 

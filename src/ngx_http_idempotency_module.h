@@ -153,6 +153,10 @@ typedef struct {
     ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
 
+    /* cluster.c: a node known by name, resolved on every connect */
+    ngx_str_t                        host;
+    in_port_t                        port;
+
     /* what nginx said about the connection last: the failure's reason */
     size_t                           reason_len;
     ngx_uint_t                       reason_level;
@@ -203,6 +207,7 @@ struct ngx_http_idempotency_redis_s {
 
     /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
     ngx_array_t                     *seeds;
+    ngx_array_t                     *seed_names;    /* given by name */
     void                            *cluster;    /* per worker */
     void                            *notify;     /* notify.c, per worker */
 
@@ -494,6 +499,9 @@ ngx_int_t ngx_http_idempotency_sentinel_handshake(
 ngx_int_t ngx_http_idempotency_sentinel_reply(
     ngx_http_idempotency_node_t *node, redisReply *reply);
 void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis);
+ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
+    ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
@@ -512,6 +520,8 @@ ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
 ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
@@ -523,6 +533,7 @@ ngx_uint_t ngx_http_idempotency_cluster_closed(
     ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_cluster_load_script(
     ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
@@ -578,6 +589,10 @@ void ngx_http_idempotency_metrics_redis_up(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_metrics_redis_down(
     ngx_http_idempotency_redis_t *redis);
+void *ngx_http_idempotency_metrics_master_add(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+void ngx_http_idempotency_metrics_master_del(void *entry);
+void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
 
 /* wait.c: WAIT N TIMEOUT, replicas acknowledge a claim or a store */
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,

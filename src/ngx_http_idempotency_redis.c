@@ -174,7 +174,7 @@ void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
     if (node->naddrs == 0 && node->redis->sentinel
-        && node->redis->naddrs == 0)
+        && node->redis->naddrs == 0 && node->redis->host.len == 0)
     {
         /* no master named yet: sentinel.c connects when one is */
         return;
@@ -439,6 +439,8 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       "idempotency: connected to redis \"%V\" (%V)%s",
                       &redis->name, &node->addrs->name,
                       node->was_up ? " again" : "");
+
+        ngx_http_idempotency_cluster_up(node);
 
     } else {
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,

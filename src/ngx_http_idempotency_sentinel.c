@@ -26,6 +26,9 @@ struct ngx_http_idempotency_sentinel_s {
     ngx_http_idempotency_redis_t    *sentinels;  /* the Sentinel connection */
     ngx_str_t                        master;     /* its name */
     ngx_str_t                        args;       /* for sharing a target */
+    ngx_str_t                       *hosts;      /* of each Sentinel addr */
+    ngx_str_t                        master_host;    /* as last named */
+    u_char                           master_buf[NGX_SOCKADDR_STRLEN + 1];
     ngx_log_t                        log;        /* NOTICE and up */
 
     ngx_event_t                      refresh_ev;
@@ -58,9 +61,16 @@ static void ngx_http_idempotency_sentinel_message(
 static ngx_int_t ngx_http_idempotency_sentinel_set_master(
     ngx_http_idempotency_sentinel_t *s, u_char *ip, size_t ip_len,
     u_char *port, size_t port_len);
+static ngx_int_t ngx_http_idempotency_sentinel_set_named(
+    ngx_http_idempotency_sentinel_t *s, u_char *host, size_t len,
+    ngx_int_t port);
+static ngx_int_t ngx_http_idempotency_sentinel_switch(
+    ngx_http_idempotency_sentinel_t *s);
 static ngx_int_t ngx_http_idempotency_sentinel_send(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_reply_pt handler,
     int argc, const char **argv, const size_t *argvlen);
+static ngx_int_t ngx_http_idempotency_sentinel_host(ngx_pool_t *pool,
+    ngx_str_t *addr, ngx_str_t *host);
 
 
 /*
@@ -79,7 +89,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     size_t                              len;
     ngx_str_t                           master, suser, spassword;
     ngx_uint_t                          i;
-    ngx_array_t                         addrs;
+    ngx_str_t                          *host;
+    ngx_array_t                         addrs, hosts;
     ngx_http_idempotency_redis_t       *redis, *sentinels, **rp;
     ngx_http_idempotency_sentinel_t    *s;
     ngx_http_idempotency_main_conf_t   *imcf;
@@ -164,6 +175,12 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
         return NULL;
     }
 
+    if (ngx_array_init(&hosts, cf->pool, naddrs, sizeof(ngx_str_t))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
     for (i = 0; i < naddrs; i++) {
         if (ngx_http_idempotency_conf_addrs(cf, &args[i],
                                             NGX_HTTP_IDEMPOTENCY_SENTINEL_PORT,
@@ -171,6 +188,19 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
             != NGX_OK)
         {
             return NULL;
+        }
+
+        /* the name TLS verifies by default: the host as written */
+
+        while (hosts.nelts < addrs.nelts) {
+            host = ngx_array_push(&hosts);
+            if (host == NULL
+                || ngx_http_idempotency_sentinel_host(cf->pool, &args[i],
+                                                      host)
+                   != NGX_OK)
+            {
+                return NULL;
+            }
         }
     }
 
@@ -189,7 +219,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     redis->tls = tls;
     redis->sentinel = s;
 
-    /* the Sentinels: plain TCP, tried in turn by conn.c */
+    /* the Sentinels: tried in turn by conn.c; TLS as the master's */
 
     sentinels->name.len = sizeof("sentinel ") - 1 + master.len;
     sentinels->name.data = ngx_pnalloc(cf->pool, sentinels->name.len);
@@ -208,6 +238,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     s->redis = redis;
     s->sentinels = sentinels;
     s->master = master;
+    s->hosts = hosts.elts;
 
     rp = ngx_array_push(&imcf->servers);
     if (rp == NULL) {
@@ -217,6 +248,91 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     *rp = redis;
 
     return redis;
+}
+
+
+/* "host:port", "[v6]:port" or "host": the host, NUL-terminated */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_host(ngx_pool_t *pool, ngx_str_t *addr,
+    ngx_str_t *host)
+{
+    u_char  *p, *last;
+
+    p = addr->data;
+    last = addr->data + addr->len;
+
+    if (p < last && *p == '[') {
+        p++;
+        last = ngx_strlchr(p, last, ']');
+
+        if (last == NULL) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        while (last > p && *(last - 1) != ':') {
+            last--;
+        }
+
+        last = (last > p) ? last - 1 : addr->data + addr->len;
+    }
+
+    host->len = last - p;
+    host->data = ngx_pnalloc(pool, host->len + 1);
+    if (host->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    *ngx_cpymem(host->data, p, host->len) = '\0';
+
+    return NGX_OK;
+}
+
+
+/*
+ * From tls.c once the master's TLS context exists: the Sentinels of a
+ * TLS-only deployment are TLS-only too (tls-port with port 0 is set for
+ * the whole server), so they share the master's CA, client certificate
+ * and verification.
+ */
+
+void
+ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
+{
+#if (NGX_HTTP_SSL)
+    ngx_http_idempotency_redis_t  *sentinels;
+
+    sentinels = redis->sentinel->sentinels;
+
+    sentinels->tls = redis->tls;
+    sentinels->ssl = redis->ssl;
+    sentinels->tls_name = redis->tls_name;
+    sentinels->tls_name_ip = redis->tls_name_ip;
+    sentinels->tls_verify = redis->tls_verify;
+    sentinels->tls_conf = redis->tls_conf;
+#endif
+}
+
+
+/*
+ * Without idempotency_redis_tls_name, the name TLS sends and verifies is
+ * the host of the address connected to: a Sentinel's as written, the
+ * master's as a Sentinel named it (an IP address, matched to an IP SAN).
+ */
+
+ngx_str_t *
+ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_sentinel_t  *s;
+
+    s = node->redis->sentinel;
+
+    if (node->redis == s->redis) {
+        return &s->master_host;
+    }
+
+    return &s->hosts[node->addr % node->naddrs];
 }
 
 
@@ -514,7 +630,8 @@ ngx_http_idempotency_sentinel_addr_done(ngx_http_idempotency_op_t *op,
         s->complained = 1;
     }
 
-    ngx_http_idempotency_redis_reset(s->sentinels);
+    /* throttled: a Sentinel that keeps failing is not hammered */
+    ngx_http_idempotency_sentinel_ask(s, 1);
 }
 
 
@@ -649,11 +766,22 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
         addr->socklen = sizeof(struct sockaddr_in6);
 #endif
 
+    } else if (s->redis->resolver) {
+        /* a host name (announce-hostnames yes): resolved on connect */
+        ngx_free(p);
+        return ngx_http_idempotency_sentinel_set_named(s, ip, ip_len, n);
+
     } else {
-        /* a host name (resolve-hostnames yes) is not supported */
-        ngx_log_error(NGX_LOG_ERR, s->redis->log, 0,
-                      "idempotency: sentinel named master \"%V\" at "
-                      "\"%*s\", not an IP address", &s->master, ip_len, ip);
+        /* once per streak: it stands for "did not name master" too */
+
+        if (!s->complained) {
+            ngx_log_error(NGX_LOG_ERR, s->redis->log, 0,
+                          "idempotency: sentinel named master \"%V\" at "
+                          "\"%*s\", not an IP address (a host name needs "
+                          "a \"resolver\")", &s->master, ip_len, ip);
+            s->complained = 1;
+        }
+
         ngx_free(p);
         return NGX_ERROR;
     }
@@ -665,7 +793,7 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
     addr->name.len = ngx_sock_ntop(addr->sockaddr, addr->socklen,
                                    addr->name.data, NGX_SOCKADDR_STRLEN, 1);
 
-    if (node->naddrs
+    if (node->naddrs && s->redis->host.len == 0
         && ngx_cmp_sockaddr(node->addrs[0].sockaddr, node->addrs[0].socklen,
                             addr->sockaddr, addr->socklen, 1)
            == NGX_OK)
@@ -673,6 +801,17 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
         ngx_free(p);
         return NGX_OK;
     }
+
+    /* brackets off, NUL-terminated: for TLS */
+
+    if (ip_len > 2 && ip[0] == '[' && ip[ip_len - 1] == ']') {
+        ip++;
+        ip_len -= 2;
+    }
+
+    *ngx_cpymem(s->master_buf, ip, ip_len) = '\0';
+    s->master_host.data = s->master_buf;
+    s->master_host.len = ip_len;
 
     if (node->naddrs) {
         ngx_log_error(NGX_LOG_NOTICE, s->redis->log, 0,
@@ -690,6 +829,66 @@ ngx_http_idempotency_sentinel_set_master(ngx_http_idempotency_sentinel_t *s,
 
     node->addrs = addr;
     node->naddrs = 1;
+
+    /* no longer a name to resolve */
+    s->redis->host.len = 0;
+
+    return ngx_http_idempotency_sentinel_switch(s);
+}
+
+
+/*
+ * A master named by host name: conn.c resolves redis->host with the
+ * resolver on every connect, as it does a standalone name; TLS verifies
+ * that name
+ */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_set_named(ngx_http_idempotency_sentinel_t *s,
+    u_char *host, size_t len, ngx_int_t port)
+{
+    ngx_http_idempotency_node_t   *node;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = s->redis;
+    node = redis->node;
+
+    if (redis->host.len == len && redis->port == port
+        && ngx_strncasecmp(redis->host.data, host, len) == 0)
+    {
+        return NGX_OK;
+    }
+
+    *ngx_cpymem(s->master_buf, host, len) = '\0';
+    s->master_host.data = s->master_buf;
+    s->master_host.len = len;
+
+    redis->host = s->master_host;
+    redis->port = (in_port_t) port;
+
+    ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                  "idempotency: redis \"%V\": the master is %s%V:%i",
+                  &redis->name, node->naddrs ? "now " : "", &redis->host,
+                  port);
+
+    ngx_free(node->addrs);
+
+    node->addrs = NULL;
+    node->naddrs = 0;
+
+    return ngx_http_idempotency_sentinel_switch(s);
+}
+
+
+/* the node goes to the master's new address, at once */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
+{
+    ngx_http_idempotency_node_t  *node;
+
+    node = s->redis->node;
+
     node->addr = 0;
     node->failed = 0;
     s->not_master = 0;

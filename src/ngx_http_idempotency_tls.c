@@ -18,7 +18,9 @@ static ngx_int_t ngx_http_idempotency_tls_same(
     ngx_http_idempotency_loc_conf_t *a, ngx_http_idempotency_loc_conf_t *b);
 static void ngx_http_idempotency_tls_done(ngx_connection_t *c);
 static ngx_int_t ngx_http_idempotency_tls_check_name(ngx_connection_t *c,
-    ngx_http_idempotency_redis_t *redis);
+    ngx_str_t *name, ngx_uint_t ip);
+static ngx_str_t *ngx_http_idempotency_tls_name(
+    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 
 #endif
 
@@ -137,7 +139,9 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
             return NGX_CONF_ERROR;
         }
 
-        if (name->len == 0) {
+        /* with Sentinel: the host of each address, see sentinel.c */
+
+        if (name->len == 0 && redis->sentinel == NULL) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"idempotency_redis %V ... tls\" with a "
                                "verified certificate needs "
@@ -168,6 +172,10 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     redis->tls_verify = conf->tls_verify;
     redis->tls_conf = conf;
     redis->ssl = ssl;
+
+    if (redis->sentinel) {
+        ngx_http_idempotency_sentinel_tls(redis);
+    }
 
     return NGX_CONF_OK;
 
@@ -221,6 +229,8 @@ void
 ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node)
 {
     ngx_int_t                      rc;
+    ngx_str_t                     *name;
+    ngx_uint_t                     ip;
     ngx_connection_t              *c;
     ngx_http_idempotency_redis_t  *redis;
 
@@ -232,14 +242,14 @@ ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    if (redis->tls_name.len && !redis->tls_name_ip
-        && SSL_set_tlsext_host_name(c->ssl->connection,
-                                    (char *) redis->tls_name.data)
+    name = ngx_http_idempotency_tls_name(node, &ip);
+
+    if (name->len && !ip
+        && SSL_set_tlsext_host_name(c->ssl->connection, (char *) name->data)
            != 1)
     {
         ngx_ssl_error(NGX_LOG_ERR, redis->log, 0,
-                      "SSL_set_tlsext_host_name(\"%V\") failed",
-                      &redis->tls_name);
+                      "SSL_set_tlsext_host_name(\"%V\") failed", name);
         ngx_http_idempotency_conn_fail(node, 0, "cannot start TLS with");
         return;
     }
@@ -267,6 +277,8 @@ static void
 ngx_http_idempotency_tls_done(ngx_connection_t *c)
 {
     long                           rc;
+    ngx_str_t                     *name;
+    ngx_uint_t                     ip;
     ngx_ssl_session_t             *session;
     ngx_http_idempotency_node_t   *node = c->data;
     ngx_http_idempotency_redis_t  *redis;
@@ -294,12 +306,13 @@ ngx_http_idempotency_tls_done(ngx_connection_t *c)
             return;
         }
 
-        if (ngx_http_idempotency_tls_check_name(c, redis) != NGX_OK) {
+        name = ngx_http_idempotency_tls_name(node, &ip);
+
+        if (ngx_http_idempotency_tls_check_name(c, name, ip) != NGX_OK) {
             if (!node->failed) {
                 ngx_log_error(NGX_LOG_ERR, redis->log, 0,
                               "idempotency: redis \"%V\" TLS certificate "
-                              "does not match \"%V\"", &redis->name,
-                              &redis->tls_name);
+                              "does not match \"%V\"", &redis->name, name);
                 node->failed = 1;
             }
 
@@ -324,15 +337,49 @@ ngx_http_idempotency_tls_done(ngx_connection_t *c)
 }
 
 
+/*
+ * idempotency_redis_tls_name, else the host of the address: for a
+ * Sentinel setup that of the address connected to, for a cluster node
+ * known by name (cluster.c) its name
+ */
+
+static ngx_str_t *
+ngx_http_idempotency_tls_name(ngx_http_idempotency_node_t *node,
+    ngx_uint_t *ip)
+{
+    ngx_str_t                        *name;
+    ngx_http_idempotency_redis_t     *redis;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    redis = node->redis;
+    conf = redis->tls_conf;
+
+    if (redis->seeds && node->host.len && conf->tls_name.len == 0) {
+        *ip = 0;
+        return &node->host;
+    }
+
+    if (redis->tls_name.len || redis->sentinel == NULL) {
+        *ip = redis->tls_name_ip;
+        return &redis->tls_name;
+    }
+
+    name = ngx_http_idempotency_sentinel_tls_name(node);
+    *ip = ngx_http_idempotency_is_ip(name);
+
+    return name;
+}
+
+
 static ngx_int_t
-ngx_http_idempotency_tls_check_name(ngx_connection_t *c,
-    ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_tls_check_name(ngx_connection_t *c, ngx_str_t *name,
+    ngx_uint_t ip)
 {
     int    rc;
     X509  *cert;
 
-    if (!redis->tls_name_ip) {
-        return ngx_ssl_check_host(c, &redis->tls_name);
+    if (!ip) {
+        return ngx_ssl_check_host(c, name);
     }
 
     /* X509_check_host() does not look at IP addresses */
@@ -342,7 +389,7 @@ ngx_http_idempotency_tls_check_name(ngx_connection_t *c,
         return NGX_ERROR;
     }
 
-    rc = X509_check_ip_asc(cert, (char *) redis->tls_name.data, 0);
+    rc = X509_check_ip_asc(cert, (char *) name->data, 0);
 
     X509_free(cert);
 

@@ -16,8 +16,8 @@
 #   request not run
 # - no key ever ran twice upstream, and no worker crashed
 # - configuration errors: several addresses without sentinel=, a
-#   sentinel_user= alone, an empty name, a bad address, tls without a
-#   name to verify
+#   sentinel_user= alone, an empty name, a bad address; tls without a
+#   name to verify is valid (t/039 tests Sentinel over TLS)
 # Plain Test::More; ports TOPO_BASE+31..+43 (Redis) and TOPO_BASE+300..
 # +303 (nginx), TOPO_BASE defaulting to 25000.
 use strict;
@@ -117,6 +117,8 @@ sub conf_error {
     my $d = nginx_conf('conf', pay_server('conf', $port,
                                           "idempotency_redis $args;"), 1);
     my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    # nginx -t exits without freeing its cycle (a TLS context included)
+    local $ENV{ASAN_OPTIONS} = ($ENV{ASAN_OPTIONS} // '') . ':detect_leaks=0';
     return scalar `$bin -t -p $d/ -c conf/nginx.conf 2>&1`;
 }
 
@@ -129,9 +131,10 @@ like(conf_error('127.0.0.1:1 sentinel='),
      qr/"sentinel=" needs a master name/, 'sentinel= without a name');
 like(conf_error('999.1.1.1:1 sentinel=m'),
      qr/invalid sentinel address "999\.1\.1\.1:1"/, 'a bad Sentinel address');
+# each Sentinel verified by its host, the master by the address named
 like(conf_error('127.0.0.1:1 127.0.0.1:2 sentinel=m tls'),
-     qr/needs "idempotency_redis_tls_name"/,
-     'tls with Sentinel needs idempotency_redis_tls_name');
+     qr/test is successful/,
+     'tls with Sentinel needs no idempotency_redis_tls_name');
 like(conf_error('127.0.0.1:1 sentinel=m user=u password=p db=3'),
      qr/test is successful/, 'a valid Sentinel configuration');
 

@@ -2,7 +2,8 @@
 # util/topology.sh: throw-away Redis topologies on loopback for the tests.
 #
 #   util/topology.sh up|down|status NAME [DIR]
-#       NAME: standalone-tls | cluster | cluster-tls | sentinel | replica
+#       NAME: standalone-tls | cluster | cluster-tls | sentinel |
+#             sentinel-tls | replica
 #       DIR:  where the instances, their pid files, logs and certificates
 #             live ($TOPO_DIR, default /tmp/ngx-idempotency-topo-NAME)
 #   util/topology.sh ACTION [ARGS]   on a running topology (the DIR is
@@ -22,6 +23,9 @@
 #       sentinel-kill-master           kill -9 the master, wait until every
 #                                      Sentinel announced its successor
 #       replica-pause|replica-resume   SIGSTOP/SIGCONT the replica
+#   The cluster-* actions apply to cluster or cluster-tls, the sentinel-*
+#   ones to sentinel or sentinel-tls: the one in the DIR ($TOPO selects
+#   the default DIR).
 #   MASTER defaults to the master owning slot 0, FROM to the owner of slot
 #   0, TO to the owner of slot 16383 (or, for a migration, another master).
 #   Every command prints what it did on one line; non-zero exit on failure.
@@ -36,6 +40,9 @@
 #   sentinel        +31 master, +32 +33 replicas; Sentinels +41..+43,
 #                   master name "idem"
 #   replica         +51 master, +52 its replica
+#   sentinel-tls    +61 master, +62 +63 replicas; Sentinels +71..+73; all
+#                   TLS only (replication and Sentinel links too), client
+#                   certificate optional; master name "idem"
 #   +200..+499      not used here: left to the tests (nginx, DNS stub)
 #
 # Every data node also has the ACL user "idem", password "idem-password",
@@ -96,6 +103,8 @@ ports() {
         sentinel:data) o="31 32 33" ;;
         sentinel:sentinel) o="41 42 43" ;;
         replica:data) o="51 52" ;;
+        sentinel-tls:data) o="61 62 63" ;;
+        sentinel-tls:sentinel) o="71 72 73" ;;
         *) o="" ;;
     esac
     for i in $o; do
@@ -103,7 +112,7 @@ ports() {
     done
 }
 
-is_tls() { [[ $name == standalone-tls || $name == cluster-tls ]]; }
+is_tls() { [[ $name == *-tls ]]; }
 
 # redis-cli over TLS: the client certificate suits both servers, those
 # that require one and those that do not
@@ -204,6 +213,8 @@ conf() {
             echo "tls-key-file $dir/tls/redis.key"
             echo "tls-ca-cert-file $dir/tls/ca.crt"
             echo "tls-replication yes"
+            # nginx connects with or without a client certificate
+            [ "$name" != sentinel-tls ] || echo "tls-auth-clients optional"
         else
             echo "port $port"
         fi
@@ -238,13 +249,25 @@ cluster_conf() {
 }
 
 sentinel_conf() {
-    local port=$1 master=$2 d
+    local port=$1 master=$2 d listen
     d=$(node_dir "$port")
     mkdir -p "$d"
+    listen="port $port"
+    # TLS to the clients, the other Sentinels and the data nodes (which
+    # get the server certificate as a client certificate)
+    if is_tls; then
+        listen="port 0
+tls-port $port
+tls-cert-file $dir/tls/redis.crt
+tls-key-file $dir/tls/redis.key
+tls-ca-cert-file $dir/tls/ca.crt
+tls-replication yes
+tls-auth-clients optional"
+    fi
     # a Sentinel rewrites its own file: each has its own
     cat > "$d/redis.conf" <<EOF
 bind 127.0.0.1
-port $port
+$listen
 daemonize yes
 pidfile $d/redis.pid
 logfile $d/redis.log
@@ -494,9 +517,9 @@ cluster_reshard() {
 # acknowledge
 sentinel_settled() {
     local s m
-    m=$(cli "$(ports sentinel sentinel | sed -n 1p)" \
+    m=$(cli "$(ports "$name" sentinel | sed -n 1p)" \
             SENTINEL get-master-addr-by-name idem | tail -1)
-    for s in $(ports sentinel sentinel); do
+    for s in $(ports "$name" sentinel); do
         [ "$(cli "$s" SENTINEL get-master-addr-by-name idem | tail -1)" \
             = "$m" ] || return 1
         cli "$s" SENTINEL master idem | tr '\n' ' ' |
@@ -511,8 +534,8 @@ sentinel_settled() {
 
 sentinel_up() {
     local p master
-    master=$(ports sentinel | sed -n 1p)
-    for p in $(ports sentinel); do
+    master=$(ports "$name" | sed -n 1p)
+    for p in $(ports "$name"); do
         if [ "$p" = "$master" ]; then
             conf "$p"
         else
@@ -520,7 +543,7 @@ sentinel_up() {
         fi
         start "$p"
     done
-    for p in $(ports sentinel sentinel); do
+    for p in $(ports "$name" sentinel); do
         sentinel_conf "$p" "$master"
         start "$p"
     done
@@ -532,11 +555,12 @@ sentinel_up() {
 # sets old, new, t0 and t1 (the switch seen by all, in ms)
 switch() {
     local s p f i pids=() logs=()
-    s=$(ports sentinel sentinel | sed -n 1p)
+    s=$(ports "$name" sentinel | sed -n 1p)
     old=$(cli "$s" SENTINEL get-master-addr-by-name idem | tail -1)
-    for p in $(ports sentinel sentinel); do
+    for p in $(ports "$name" sentinel); do
         logs+=("$dir/switch-$p.log")
-        timeout 60 "${cli_base[@]}" -p "$p" SUBSCRIBE +switch-master \
+        timeout 60 "${cli_base[@]}" -p "$p" "${tls_args[@]}" \
+            SUBSCRIBE +switch-master \
             > "$dir/switch-$p.log" 2>&1 &
         pids+=($!)
     done
@@ -559,7 +583,7 @@ switch() {
 }
 
 ask_failover() {
-    cli "$(ports sentinel sentinel | sed -n 1p)" SENTINEL failover idem |
+    cli "$(ports "$name" sentinel | sed -n 1p)" SENTINEL failover idem |
         grep -qx OK
 }
 
@@ -697,7 +721,7 @@ up() {
     case $name in
         standalone-tls) standalone_up ;;
         cluster | cluster-tls) cluster_up ;;
-        sentinel) sentinel_up ;;
+        sentinel | sentinel-tls) sentinel_up ;;
         replica) replica_up ;;
     esac
     echo "up: $name on ports $(all_ports | tr '\n' ' ')in $dir," \
@@ -747,7 +771,7 @@ case $cmd in
         dir=${2:-${TOPO_DIR:-/tmp/ngx-idempotency-topo-$name}}
         ;;
     cluster-*) name=${TOPO:-cluster} ;;
-    sentinel-*) name=sentinel ;;
+    sentinel-*) name=${TOPO:-sentinel} ;;
     replica-*) name=replica ;;
     *) usage ;;
 esac
@@ -762,7 +786,7 @@ if [ "$cmd" != up ]; then
     use_tls
     case $cmd:$name in
         cluster-*:cluster | cluster-*:cluster-tls | sentinel-*:sentinel | \
-        replica-*:replica | down:* | status:*) ;;
+        sentinel-*:sentinel-tls | replica-*:replica | down:* | status:*) ;;
         *) die "$cmd does not apply to the topology $name in $dir" ;;
     esac
 fi
