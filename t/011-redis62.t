@@ -222,8 +222,9 @@ my $timeout = 10 * $slow;
     my $s1 = stats();
     cmp_ok(($s1->{evalsha}{failed} // 0) - ($s0->{evalsha}{failed} // 0),
            '>=', 1, "  EVALSHA met NOSCRIPT");
-    # the claim by EVAL, and the store (always EVAL)
-    cmp_ok(($s1->{eval}{calls} // 0) - ($s0->{eval}{calls} // 0), '>=', 2,
+    # the claim by EVAL; the store by EVALSHA once the scripts are loaded
+    # again, or by EVAL after its own NOSCRIPT
+    cmp_ok(($s1->{eval}{calls} // 0) - ($s0->{eval}{calls} // 0), '>=', 1,
            "  the claim went by EVAL");
     my $b = http_post($port, $key, 'f', undef, undef, $timeout);
     like($b->{head}, qr/^Idempotent-Replayed: true\r?$/m,
