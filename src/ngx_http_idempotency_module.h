@@ -516,6 +516,10 @@ ngx_uint_t ngx_http_idempotency_cluster_closed(
 void ngx_http_idempotency_cluster_load_script(
     ngx_http_idempotency_redis_t *redis);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
+ngx_addr_t *ngx_http_idempotency_cluster_master(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
+void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
+    u_char *p, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
