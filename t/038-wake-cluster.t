@@ -10,6 +10,8 @@
 # - the subscribers killed (CLIENT KILL TYPE pubsub) while they wait: the
 #   waiters poll, the subscribers come back and subscribe again
 # - a graceful failover of the key's master while they wait
+# - a kill -9 of a master while they wait: polling until the replica is
+#   promoted, then woken through the new master
 # Plain Test::More; cluster on TOPO_BASE+11..+16 (TOPO_BASE defaulting to
 # 25600), nginx on WAKE_CLUSTER_PORT (20520).
 use strict;
@@ -59,9 +61,18 @@ sub slot_map {
     }
     return {};
 }
+# CLUSTER KEYSLOT, asked of a live node
+sub keyslot {
+    my $k = shift;
+    for my $p ($base + 11 .. $base + 16) {
+        my $slot = cli($p, 'CLUSTER', 'KEYSLOT', $k);
+        return $slot if $slot =~ /^\d+$/;
+    }
+    return -1;
+}
 sub owner {
     my $k = rkey(shift);
-    return slot_map()->{cli($seed, 'CLUSTER', 'KEYSLOT', $k)};
+    return slot_map()->{keyslot($k)};
 }
 sub masters { my %m = reverse %{ slot_map() }; sort keys %m }
 
@@ -166,7 +177,7 @@ sub numsub {
 {
     my $src = $m[0];
     my $key = shift @{ $by{$src} };
-    my $slot = cli($seed, 'CLUSTER', 'KEYSLOT', rkey($key));
+    my $slot = keyslot(rkey($key));
     my ($dst) = grep { $_ != $src } @m;
     my ($on_src, $on_dst, $checked) = (0, 0, 0);
     my $late = wake_round($key, '-long', sub {
@@ -196,7 +207,7 @@ sub numsub {
     my %moving = map { $_ => 1 }
                  (sort { $a <=> $b } grep { $own{$_} == $from } keys %own)
                  [0 .. 299];
-    my ($key) = grep { $moving{cli($seed, 'CLUSTER', 'KEYSLOT', rkey($_))} }
+    my ($key) = grep { $moving{keyslot(rkey($_))} }
                 map { "wr-$_" } 1 .. 400;
     my ($on_to, $checked) = (0, 0);
     my $late = wake_round($key, '-long', sub {
@@ -250,6 +261,30 @@ sub numsub {
                  $late * 1000, owner($key) // '?';
     my @k = grep { defined owner($_) } map { "wf-$_" } 1 .. 6;
     wake_round($_) for @k;
+}
+
+# 6. kill -9 of a master while keys of it wait: its subscribers are lost,
+# the waiters poll, the replica is promoted; then the keys of its slots
+# are woken through subscribers on the new master
+{
+    my $victim = $m[0];
+    my $key = shift @{ $by{$victim} };
+    my ($orig, @d) = round($key, '-long', \@at, sub {
+        sleep 0.2;
+        topo('cluster-kill-master', $victim);
+    });
+    # waiters whose claim found no master within idempotency_redis_timeout
+    # answer 503, as without wake-ups
+    note 'kill -9: ' . join ' ', map { "$_->{status} $_->{idem}" } $orig, @d;
+    is(runs($key, '/backend-long'), 1, 'kill -9: the upstream ran once');
+    is(scalar(grep { $_->{idem} eq 'new' } @d), 0,
+       'kill -9: no duplicate ran it again');
+    my $new = owner($key) // 0;
+    isnt($new, $victim, "kill -9: the slot is on $new now");
+    wake_round(shift @{ $by{$victim} });
+    my $late = wake_round(shift @{ $by{$victim} });
+    cmp_ok($late, '<', 0.05 * $slow, "kill -9: woken through $new")
+        or diag sprintf '%.1f ms', $late * 1000;
 }
 
 nginx_stop($dir);
