@@ -1465,3 +1465,90 @@ ngx_http_idempotency_cluster_slots_valid(redisReply *reply)
 
     return NGX_OK;
 }
+
+
+/* notify.c: the master of a slot per the map; NULL: not known, asked for */
+
+ngx_http_idempotency_node_t *
+ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
+    ngx_uint_t slot)
+{
+    ngx_uint_t                       idx;
+    ngx_http_idempotency_cluster_t  *cl;
+
+    cl = redis->cluster;
+
+    if (cl == NULL || slot >= NGX_HTTP_IDEMPOTENCY_SLOTS) {
+        return NULL;
+    }
+
+    idx = cl->slot_node[slot];
+
+    if (idx == NGX_HTTP_IDEMPOTENCY_NO_NODE) {
+        ngx_http_idempotency_cluster_refresh(cl);
+        return NULL;
+    }
+
+    return &cl->nodes[idx]->node;
+}
+
+
+/*
+ * notify.c: a subscriber was told that a slot is elsewhere (a MOVED to
+ * SSUBSCRIBE: "<slot> <host>:<port>", as commands are) or has left
+ * (len 0: an unsolicited sunsubscribe): the map is asked for again, and
+ * a MOVED is taken at once for its slot.
+ */
+
+void
+ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
+    u_char *p, size_t len)
+{
+    u_char                          *last, *host, *colon;
+    ngx_int_t                        slot, port;
+    ngx_http_idempotency_cnode_t    *cn;
+    ngx_http_idempotency_cluster_t  *cl;
+
+    cl = from->redis->cluster;
+
+    if (cl == NULL || from->redis->exiting) {
+        return;
+    }
+
+    ngx_http_idempotency_cluster_refresh(cl);
+
+    if (len == 0) {
+        return;
+    }
+
+    last = p + len;
+    host = ngx_strlchr(p, last, ' ');
+
+    if (host == NULL) {
+        return;
+    }
+
+    slot = ngx_atoi(p, host - p);
+    host++;
+
+    for (colon = last; colon > host && colon[-1] != ':'; colon--) {
+        /* void */
+    }
+
+    if (slot == NGX_ERROR || slot >= NGX_HTTP_IDEMPOTENCY_SLOTS
+        || colon == host)
+    {
+        return;
+    }
+
+    port = ngx_atoi(colon, last - colon);
+
+    cn = ngx_http_idempotency_cluster_node_at(cl, host, colon - 1 - host,
+                                              port, from);
+    if (cn == NULL) {
+        return;
+    }
+
+    cl->slot_node[slot] = (uint16_t) cn->index;
+    ngx_http_idempotency_cluster_use(cn);
+}

@@ -535,6 +535,10 @@ void ngx_http_idempotency_cluster_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
+ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
+void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
+    u_char *p, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,

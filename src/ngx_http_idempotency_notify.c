@@ -6,8 +6,12 @@
  * channel named after the record key (SPUBLISH) when it stores or releases
  * a record; each worker keeps, per standalone or Sentinel target, one
  * subscriber connection (a node of redis.c in subscribed mode) and one
- * SSUBSCRIBE per key that has waiters in the worker (a cluster's waiters
- * poll).  A message, or the confirmation of a
+ * SSUBSCRIBE per key that has waiters in the worker.  On a cluster the
+ * message goes out on the shard of the key's slot: a worker keeps one
+ * subscriber per master that owns a waited key's slot (made on demand),
+ * and subscribes each key, one per command, where the slot map says; a
+ * MOVED, or the sunsubscribe Redis pushes when the slot leaves, sends it
+ * where the slot went.  A message, or the confirmation of a
  * subscription, makes every waiter of the key claim again at once.  Polling
  * stays as the safety net: slow while subscribed, as before while not.
  */
@@ -26,6 +30,8 @@ typedef struct {
     ngx_queue_t                      waiters;
     ngx_queue_t                      dirty;      /* in notify->dirty */
     ngx_uint_t                       pending;    /* confirmations to come */
+    ngx_http_idempotency_node_t     *node;       /* a cluster's subscriber */
+    ngx_uint_t                       slot;       /* a cluster's */
     unsigned                         in_dirty:1;
     unsigned                         subscribed:1;   /* sent, not undone */
     unsigned                         confirmed:1;
@@ -41,12 +47,24 @@ typedef struct {
 } ngx_http_idempotency_notify_waiter_t;
 
 
+typedef struct ngx_http_idempotency_notify_sub_s
+    ngx_http_idempotency_notify_sub_t;
+
+
+/* a cluster's subscriber: one per master, per worker */
+struct ngx_http_idempotency_notify_sub_s {
+    ngx_http_idempotency_node_t      node;       /* first: a node_t * */
+    ngx_http_idempotency_notify_sub_t  *next;
+};
+
+
 typedef struct {
     ngx_http_idempotency_node_t      node;
     ngx_rbtree_t                     tree;
     ngx_rbtree_node_t                sentinel;
     ngx_queue_t                      dirty;
     ngx_event_t                      batch_ev;
+    ngx_http_idempotency_notify_sub_t  *subs;    /* a cluster's */
     unsigned                         off:1;      /* refused: poll only */
 } ngx_http_idempotency_notify_t;
 
@@ -54,6 +72,8 @@ typedef struct {
 static ngx_http_idempotency_notify_t *ngx_http_idempotency_notify_create(
     ngx_http_idempotency_redis_t *redis);
 static void ngx_http_idempotency_notify_reconnect(ngx_event_t *ev);
+static ngx_int_t ngx_http_idempotency_notify_addr(
+    ngx_http_idempotency_node_t *node, ngx_addr_t *m);
 static ngx_uint_t ngx_http_idempotency_notify_moved(
     ngx_http_idempotency_node_t *node);
 static ngx_http_idempotency_notify_key_t *ngx_http_idempotency_notify_key(
@@ -63,12 +83,29 @@ static void ngx_http_idempotency_notify_dirty(ngx_http_idempotency_notify_t *n,
 static void ngx_http_idempotency_notify_free_key(
     ngx_http_idempotency_notify_t *n, ngx_http_idempotency_notify_key_t *key);
 static void ngx_http_idempotency_notify_batch(ngx_event_t *ev);
+static void ngx_http_idempotency_notify_cluster_batch(
+    ngx_http_idempotency_notify_t *n);
+static void ngx_http_idempotency_notify_drop(
+    ngx_http_idempotency_node_t *node);
+static ngx_http_idempotency_node_t *ngx_http_idempotency_notify_sub(
+    ngx_http_idempotency_notify_t *n, ngx_uint_t slot);
+static ngx_uint_t ngx_http_idempotency_notify_send_key(
+    ngx_http_idempotency_node_t *node, const char *cmd,
+    ngx_http_idempotency_notify_key_t *key);
+static ngx_uint_t ngx_http_idempotency_notify_cluster_error(
+    ngx_http_idempotency_notify_t *n, ngx_http_idempotency_node_t *node,
+    redisReply *reply);
+static void ngx_http_idempotency_notify_reset(
+    ngx_http_idempotency_notify_t *n, ngx_http_idempotency_node_t *node,
+    ngx_int_t slot);
 static ngx_uint_t ngx_http_idempotency_notify_send(
     ngx_http_idempotency_notify_t *n, const char *cmd, ngx_uint_t subscribe);
 static void ngx_http_idempotency_notify_wake_key(
     ngx_http_idempotency_notify_key_t *key);
 static ngx_uint_t ngx_http_idempotency_notify_is(redisReply *r,
     const char *s);
+static ngx_uint_t ngx_http_idempotency_notify_is_prefix(u_char *p,
+    u_char *last, const char *s);
 
 
 /*
@@ -88,9 +125,7 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
 
     redis = ctx->redis;
 
-    /* a cluster: not yet, its waiters poll */
-
-    if (redis->seeds || redis->exiting) {
+    if (redis->exiting) {
         return NGX_DECLINED;
     }
 
@@ -139,18 +174,27 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
         }
     }
 
-    if (n->node.open && redis->sentinel
-        && ngx_http_idempotency_notify_moved(&n->node))
-    {
-        /* subscribed to a master the Sentinels replaced: to the new one */
-        ngx_http_idempotency_conn_close(&n->node);
-    }
-
-    if (!n->node.open && !n->node.reconnect_ev.timer_set) {
-        ngx_http_idempotency_notify_reconnect(&n->node.reconnect_ev);
-    }
-
     key = w->key;
+
+    if (redis->seeds) {
+        /* not subscribed (no map, no subscriber yet, moved): try again */
+
+        if (!key->subscribed) {
+            ngx_http_idempotency_notify_dirty(n, key);
+        }
+
+    } else {
+        if (n->node.open && redis->sentinel
+            && ngx_http_idempotency_notify_moved(&n->node))
+        {
+            /* subscribed to a master the Sentinels replaced: the new one */
+            ngx_http_idempotency_conn_close(&n->node);
+        }
+
+        if (!n->node.open && !n->node.reconnect_ev.timer_set) {
+            ngx_http_idempotency_notify_reconnect(&n->node.reconnect_ev);
+        }
+    }
 
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
                    "idempotency notify watch: confirmed:%d checked:%d "
@@ -250,14 +294,26 @@ ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
 {
     ngx_http_idempotency_node_t *node = ev->data;
 
-    ngx_addr_t                    *a, *m;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_addr_t                     *m;
+    ngx_http_idempotency_redis_t   *redis;
+    ngx_http_idempotency_notify_t  *n;
 
     redis = node->redis;
 
     if (redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
         || node->open)
     {
+        return;
+    }
+
+    if (redis->seeds) {
+        /* a cluster's subscriber: if a key still wants it, per the map */
+        n = redis->notify;
+
+        if (!ngx_queue_empty(&n->dirty) && !n->batch_ev.posted) {
+            ngx_post_event(&n->batch_ev, &ngx_posted_events);
+        }
+
         return;
     }
 
@@ -269,26 +325,42 @@ ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
 
         m = &redis->node->addrs[redis->node->addr % redis->node->naddrs];
 
-        a = ngx_alloc(sizeof(ngx_addr_t) + m->socklen + m->name.len,
-                      redis->log);
-        if (a == NULL) {
+        if (ngx_http_idempotency_notify_addr(node, m) != NGX_OK) {
             return;
         }
-
-        a->sockaddr = (struct sockaddr *) &a[1];
-        a->socklen = m->socklen;
-        ngx_memcpy(a->sockaddr, m->sockaddr, m->socklen);
-        a->name.data = (u_char *) a->sockaddr + m->socklen;
-        a->name.len = m->name.len;
-        ngx_memcpy(a->name.data, m->name.data, m->name.len);
-
-        ngx_free(node->addrs);
-        node->addrs = a;
-        node->naddrs = 1;
-        node->addr = 0;
     }
 
     ngx_http_idempotency_redis_connect(node);
+}
+
+
+/* the subscriber's own copy of an address: conn_free frees it */
+
+static ngx_int_t
+ngx_http_idempotency_notify_addr(ngx_http_idempotency_node_t *node,
+    ngx_addr_t *m)
+{
+    ngx_addr_t  *a;
+
+    a = ngx_alloc(sizeof(ngx_addr_t) + m->socklen + m->name.len,
+                  node->redis->log);
+    if (a == NULL) {
+        return NGX_ERROR;
+    }
+
+    a->sockaddr = (struct sockaddr *) &a[1];
+    a->socklen = m->socklen;
+    ngx_memcpy(a->sockaddr, m->sockaddr, m->socklen);
+    a->name.data = (u_char *) a->sockaddr + m->socklen;
+    a->name.len = m->name.len;
+    ngx_memcpy(a->name.data, m->name.data, m->name.len);
+
+    ngx_free(node->addrs);
+    node->addrs = a;
+    node->naddrs = 1;
+    node->addr = 0;
+
+    return NGX_OK;
 }
 
 
@@ -339,6 +411,11 @@ ngx_http_idempotency_notify_key(ngx_http_idempotency_notify_t *n,
     ngx_memcpy(key->sn.str.data, rkey->data, rkey->len);
     key->sn.node.key = hash;
 
+    if (n->node.redis->seeds) {
+        key->slot = ngx_http_idempotency_cluster_slot(key->sn.str.data,
+                                                      key->sn.str.len);
+    }
+
     ngx_queue_init(&key->waiters);
     ngx_rbtree_insert(&n->tree, &key->sn.node);
 
@@ -384,6 +461,11 @@ ngx_http_idempotency_notify_batch(ngx_event_t *ev)
     ngx_queue_t                        *q, *next;
     ngx_http_idempotency_node_t        *node;
     ngx_http_idempotency_notify_key_t  *key;
+
+    if (n->node.redis->seeds) {
+        ngx_http_idempotency_notify_cluster_batch(n);
+        return;
+    }
 
     node = &n->node;
 
@@ -500,6 +582,246 @@ ngx_http_idempotency_notify_send(ngx_http_idempotency_notify_t *n,
 
 
 /*
+ * A cluster: each key on the subscriber of its slot's master, one per
+ * command (the channels of one SSUBSCRIBE must share a slot).  A key that
+ * cannot go now (no map yet, its subscriber connecting) stays dirty: the
+ * subscriber's handshake, its reconnect timer and the key's waiters, which
+ * poll meanwhile, run the batch again.
+ */
+
+static void
+ngx_http_idempotency_notify_cluster_batch(ngx_http_idempotency_notify_t *n)
+{
+    ngx_queue_t                        *q, *next;
+    ngx_http_idempotency_node_t        *sub;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    for (q = ngx_queue_head(&n->dirty);
+         q != ngx_queue_sentinel(&n->dirty);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        key = ngx_queue_data(q, ngx_http_idempotency_notify_key_t, dirty);
+
+        if (!ngx_queue_empty(&key->waiters) && !key->subscribed) {
+            sub = ngx_http_idempotency_notify_sub(n, key->slot);
+
+            if (sub == NULL || !sub->up) {
+                continue;
+            }
+
+            if (sub != key->node) {
+                /* what the former subscriber confirms no longer counts */
+                key->node = sub;
+                key->pending = 0;
+            }
+
+            if (!ngx_http_idempotency_notify_send_key(sub, "SSUBSCRIBE",
+                                                      key))
+            {
+                ngx_http_idempotency_notify_drop(sub);
+                continue;
+            }
+
+            key->subscribed = 1;
+
+        } else if (ngx_queue_empty(&key->waiters) && key->subscribed) {
+            key->subscribed = 0;
+            key->confirmed = 0;
+
+            if (key->node->up
+                && !ngx_http_idempotency_notify_send_key(key->node,
+                                                         "SUNSUBSCRIBE", key))
+            {
+                ngx_http_idempotency_notify_drop(key->node);
+                continue;
+            }
+        }
+
+        ngx_queue_remove(q);
+        key->in_dirty = 0;
+
+        if (ngx_queue_empty(&key->waiters) && !key->subscribed
+            && key->pending == 0)
+        {
+            ngx_http_idempotency_notify_free_key(n, key);
+        }
+    }
+}
+
+
+/*
+ * No memory: the connection and its subscriptions start over, after the
+ * loop over the keys that closing it would change
+ */
+
+static void
+ngx_http_idempotency_notify_drop(ngx_http_idempotency_node_t *node)
+{
+    if (node->open && !node->reset_ev.posted) {
+        ngx_post_event(&node->reset_ev, &ngx_posted_events);
+    }
+}
+
+
+/*
+ * The subscriber of a slot's master per the map, made and connected on
+ * demand; NULL: the map does not know the slot yet, or no memory.
+ */
+
+static ngx_http_idempotency_node_t *
+ngx_http_idempotency_notify_sub(ngx_http_idempotency_notify_t *n,
+    ngx_uint_t slot)
+{
+    ngx_addr_t                         *m;
+    ngx_http_idempotency_node_t        *sub, *master;
+    ngx_http_idempotency_redis_t       *redis;
+    ngx_http_idempotency_notify_sub_t  *s;
+
+    redis = n->node.redis;
+
+    master = ngx_http_idempotency_cluster_master(redis, slot);
+    if (master == NULL || master->naddrs == 0) {
+        return NULL;
+    }
+
+    m = &master->addrs[master->addr % master->naddrs];
+
+    for (s = n->subs; s; s = s->next) {
+        sub = &s->node;
+
+        if (ngx_cmp_sockaddr(sub->addrs->sockaddr, sub->addrs->socklen,
+                             m->sockaddr, m->socklen, 1)
+            == NGX_OK)
+        {
+            goto found;
+        }
+    }
+
+    s = ngx_calloc(sizeof(ngx_http_idempotency_notify_sub_t), redis->log);
+    if (s == NULL) {
+        return NULL;
+    }
+
+    sub = &s->node;
+
+    ngx_http_idempotency_node_init(sub, redis, redis->log);
+    sub->notify = 1;
+    sub->reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
+
+    if (ngx_http_idempotency_notify_addr(sub, m) != NGX_OK) {
+        ngx_free(s);
+        return NULL;
+    }
+
+    if (master->host.len) {
+        /* a master known by name: TLS checks that name, as for its data */
+
+        sub->host.data = ngx_alloc(master->host.len, redis->log);
+        if (sub->host.data == NULL) {
+            ngx_http_idempotency_conn_free(sub);
+            ngx_free(s);
+            return NULL;
+        }
+
+        ngx_memcpy(sub->host.data, master->host.data, master->host.len);
+        sub->host.len = master->host.len;
+        sub->port = master->port;
+    }
+
+    s->next = n->subs;
+    n->subs = s;
+
+found:
+
+    if (!sub->open && !sub->reconnect_ev.timer_set
+        && !ngx_exiting && !ngx_quit && !ngx_terminate)
+    {
+        ngx_http_idempotency_redis_connect(sub);
+    }
+
+    return sub;
+}
+
+
+/* one channel per command; 0: no memory */
+
+static ngx_uint_t
+ngx_http_idempotency_notify_send_key(ngx_http_idempotency_node_t *node,
+    const char *cmd, ngx_http_idempotency_notify_key_t *key)
+{
+    u_char  *p;
+    size_t   len;
+
+    len = sizeof("*2\r\n$\r\n\r\n$\r\n\r\n") - 1 + 2 * NGX_SIZE_T_LEN
+          + ngx_strlen(cmd) + key->sn.str.len;
+
+    p = ngx_http_idempotency_conn_reserve(node, len);
+    if (p == NULL) {
+        return 0;
+    }
+
+    node->out_last = ngx_sprintf(p, "*2\r\n$%uz\r\n%s\r\n$%uz\r\n%V\r\n",
+                                 ngx_strlen(cmd), cmd, key->sn.str.len,
+                                 &key->sn.str);
+    key->confirmed = 0;
+    key->pending++;
+
+    if (node->ready && !node->flush_ev.posted) {
+        ngx_post_event(&node->flush_ev, &ngx_posted_events);
+    }
+
+    return 1;
+}
+
+
+/*
+ * A cluster's keys on a subscriber (of one slot, all: -1, those not
+ * confirmed: -2) are subscribed no longer: to be subscribed again where
+ * the map says.
+ */
+
+static void
+ngx_http_idempotency_notify_reset(ngx_http_idempotency_notify_t *n,
+    ngx_http_idempotency_node_t *node, ngx_int_t slot)
+{
+    ngx_rbtree_node_t                  *rn, *next;
+    ngx_http_idempotency_notify_key_t  *key;
+
+    if (n->tree.root == n->tree.sentinel) {
+        return;
+    }
+
+    for (rn = ngx_rbtree_min(n->tree.root, n->tree.sentinel);
+         rn;
+         rn = next)
+    {
+        next = ngx_rbtree_next(&n->tree, rn);
+        key = (ngx_http_idempotency_notify_key_t *) rn;
+
+        if (key->node != node
+            || (slot >= 0 && key->slot != (ngx_uint_t) slot)
+            || (slot == -2 && key->confirmed))
+        {
+            continue;
+        }
+
+        key->node = NULL;
+        key->subscribed = 0;
+        key->confirmed = 0;
+        key->pending = 0;
+
+        if (ngx_queue_empty(&key->waiters)) {
+            ngx_http_idempotency_notify_free_key(n, key);
+            continue;
+        }
+
+        ngx_http_idempotency_notify_dirty(n, key);
+    }
+}
+
+
+/*
  * Replies on the subscriber node: confirmations and messages are taken
  * here (NGX_DONE); the handshake's replies go to redis.c (NGX_DECLINED).
  * An error to SSUBSCRIBE (Redis 6, an ACL) turns wake-ups off: polling.
@@ -515,6 +837,13 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_notify_key_t  *key;
 
     n = node->redis->notify;
+
+    if (reply->type == REDIS_REPLY_ERROR && node->head == NULL
+        && node->redis->seeds && reply->str
+        && ngx_http_idempotency_notify_cluster_error(n, node, reply))
+    {
+        return NGX_DONE;
+    }
 
     if (reply->type == REDIS_REPLY_ERROR && node->head == NULL) {
         ngx_log_error(NGX_LOG_WARN, node->redis->log, 0,
@@ -561,6 +890,23 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
 
     key = ngx_http_idempotency_notify_key(n, &channel, 0);
 
+    if (node->redis->seeds) {
+        if (key == NULL || key->node != node) {
+            /* of a former subscriber, or of a key nobody waits for */
+            return NGX_DONE;
+        }
+
+        if (key->pending == 0 && key->subscribed
+            && ngx_http_idempotency_notify_is(kind, "sunsubscribe"))
+        {
+            /* pushed by Redis: the key's slot left the node */
+            ngx_http_idempotency_cluster_moved(node, NULL, 0);
+            ngx_http_idempotency_notify_reset(n, node,
+                                              (ngx_int_t) key->slot);
+            return NGX_DONE;
+        }
+    }
+
     if (key == NULL || key->pending == 0) {
         /* nothing waits for it: harmless */
         return NGX_DONE;
@@ -579,6 +925,69 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
     }
 
     return NGX_DONE;
+}
+
+
+/*
+ * An error to a cluster's SSUBSCRIBE: a MOVED (the map was stale, its slot
+ * is known at once), an ASK, or the errors of a failover or a resharding:
+ * the keys go again once the map is asked for.  0: not one of these.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_notify_cluster_error(ngx_http_idempotency_notify_t *n,
+    ngx_http_idempotency_node_t *node, redisReply *reply)
+{
+    u_char     *p, *last;
+    ngx_int_t   slot;
+
+    p = (u_char *) reply->str;
+    last = p + reply->len;
+
+    if (ngx_http_idempotency_notify_is_prefix(p, last, "MOVED ")
+        || ngx_http_idempotency_notify_is_prefix(p, last, "ASK "))
+    {
+        p = ngx_strlchr(p, last, ' ') + 1;
+        last = ngx_strlchr(p, last, ' ');
+        slot = last ? ngx_atoi(p, last - p) : NGX_ERROR;
+
+        if (reply->str[0] == 'M') {
+            ngx_http_idempotency_cluster_moved(node, p,
+                                   (u_char *) reply->str + reply->len - p);
+
+        } else {
+            /* a migration under way: where it ends, by the map */
+            ngx_http_idempotency_cluster_moved(node, NULL, 0);
+        }
+
+        ngx_http_idempotency_notify_reset(n, node, slot == NGX_ERROR ? -2
+                                                                     : slot);
+        return 1;
+    }
+
+    if (ngx_http_idempotency_notify_is_prefix(p, last, "TRYAGAIN")
+        || ngx_http_idempotency_notify_is_prefix(p, last, "CLUSTERDOWN")
+        || ngx_http_idempotency_notify_is_prefix(p, last, "LOADING")
+        || ngx_http_idempotency_notify_is_prefix(p, last, "MASTERDOWN"))
+    {
+        ngx_http_idempotency_cluster_moved(node, NULL, 0);
+        ngx_http_idempotency_notify_reset(n, node, -2);
+        return 1;
+    }
+
+    return 0;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_notify_is_prefix(u_char *p, u_char *last,
+    const char *s)
+{
+    size_t  len;
+
+    len = ngx_strlen(s);
+
+    return (size_t) (last - p) >= len && ngx_strncmp(p, s, len) == 0;
 }
 
 
@@ -668,6 +1077,12 @@ ngx_http_idempotency_notify_closed(ngx_http_idempotency_node_t *node)
 
     n = node->redis->notify;
 
+    if (node->redis->seeds) {
+        /* its keys only, on the master the map names next */
+        ngx_http_idempotency_notify_reset(n, node, -1);
+        goto done;
+    }
+
     if (n->tree.root == n->tree.sentinel) {
         goto done;
     }
@@ -703,7 +1118,9 @@ ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis)
 {
     ngx_queue_t                           *q;
     ngx_rbtree_node_t                     *rn;
+    ngx_http_idempotency_node_t           *node;
     ngx_http_idempotency_notify_t         *n;
+    ngx_http_idempotency_notify_sub_t     *s;
     ngx_http_idempotency_notify_key_t     *key;
     ngx_http_idempotency_notify_waiter_t  *w;
 
@@ -719,6 +1136,33 @@ ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis)
 
     if (n->node.reconnect_ev.timer_set) {
         ngx_del_timer(&n->node.reconnect_ev);
+    }
+
+    while (n->subs) {
+        s = n->subs;
+        node = &s->node;
+
+        if (node->open) {
+            ngx_http_idempotency_conn_close(node);
+        }
+
+        if (node->reconnect_ev.timer_set) {
+            ngx_del_timer(&node->reconnect_ev);
+        }
+
+        if (node->reset_ev.posted) {
+            ngx_delete_posted_event(&node->reset_ev);
+        }
+
+        if (node->flush_ev.posted) {
+            ngx_delete_posted_event(&node->flush_ev);
+        }
+
+        n->subs = s->next;
+
+        ngx_http_idempotency_conn_free(node);
+        ngx_free(node->host.data);
+        ngx_free(s);
     }
 
     if (n->batch_ev.posted) {

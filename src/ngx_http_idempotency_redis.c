@@ -499,9 +499,14 @@ ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    /* a cluster node that left the slot map is not reconnected */
+    /*
+     * a cluster node that left the slot map is not reconnected; notify.c's
+     * subscribers are no cluster nodes
+     */
 
-    if (node->redis->seeds && !ngx_http_idempotency_cluster_closed(node)) {
+    if (node->redis->seeds && !node->notify
+        && !ngx_http_idempotency_cluster_closed(node))
+    {
         return;
     }
 
@@ -834,7 +839,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 
     /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
 
-    if (node->redis->seeds && !node->handshake_failed
+    if (node->redis->seeds && !node->handshake_failed && !node->notify
         && ngx_http_idempotency_cluster_reply(node, op, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
@@ -949,7 +954,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
         /* a cluster's ops go back to the router */
 
-        if (node->redis->seeds
+        if (node->redis->seeds && !node->notify
             && ngx_http_idempotency_cluster_lost(node, op) == NGX_OK)
         {
             continue;

@@ -33,12 +33,6 @@ END {
     system("$topo down $_ >/dev/null 2>&1") for @up;
 }
 
-sub topo {
-    my $out = `$topo @_ 2>&1`;
-    ok($? == 0, "topology.sh @_") or diag $out;
-    return $out;
-}
-
 sub master_port {
     my $out = redis_cli_at($sentinels[1],
                            qw(SENTINEL get-master-addr-by-name idem));

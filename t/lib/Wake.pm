@@ -9,9 +9,10 @@ use IO::Socket::INET;
 use IO::Select;
 use Time::HiRes qw(sleep time);
 use Exporter 'import';
+use Test::More;
 use Fleet qw(redis_cli_at);
 
-our @EXPORT = qw(commandstats round pct wake_server);
+our @EXPORT = qw(commandstats round pct wake_server topo topo_up);
 
 our $port;              # the nginx to send to
 our $path = '/pay';
@@ -107,6 +108,32 @@ sub pct {
     my ($p, @v) = @_;
     @v = sort { $a <=> $b } @v;
     return $v[int($p * $#v + 0.5)] * 1000;
+}
+
+
+# topo(args): util/topology.sh ARGS, a test of its exit status; its
+# output ('' on failure)
+sub topo {
+    my $out = `util/topology.sh @_ 2>&1`;
+    my $ok = $? == 0;
+    chomp $out;
+    ok($ok, "topology.sh @_") or diag $out;
+    note $out;
+    return $ok ? $out : '';
+}
+
+# topo_up(name, dir): topo('up', ...), taken down when the test exits,
+# also on a signal
+my @up;
+END {
+    local $?;
+    system("util/topology.sh down $_ >/dev/null 2>&1") for @up;
+}
+sub topo_up {
+    my ($name, $dir) = @_;
+    push @up, "$name $dir";
+    $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
+    return topo('up', $name, $dir);
 }
 
 
