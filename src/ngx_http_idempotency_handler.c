@@ -403,6 +403,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
     ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     ngx_http_idempotency_metrics_claim_sent(op, ctx);
+    ctx->notify_epoch = ngx_http_idempotency_notify_epoch;
 
     /*
      * Redis >= 7.0: SET NX GET PX is the claim in one native command (nil:

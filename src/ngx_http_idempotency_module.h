@@ -318,6 +318,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_msec_t                       wait_until;
     ngx_msec_t                       poll_delay;
     void                            *notify;     /* notify.c: a waiter */
+    ngx_uint_t                       notify_epoch;   /* of the last claim */
 
     ngx_http_idempotency_record_t    record;
     ngx_http_idempotency_capture_t   capture;
@@ -613,6 +614,7 @@ void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info);
 
 /* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
+extern ngx_uint_t  ngx_http_idempotency_notify_epoch;
 ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
     ngx_msec_t *delay);
 void ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx);

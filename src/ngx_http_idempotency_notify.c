@@ -25,11 +25,18 @@
 #define NGX_HTTP_IDEMPOTENCY_NOTIFY_BACKOFF_MIN  10
 
 
+typedef struct ngx_http_idempotency_notify_waiter_s
+    ngx_http_idempotency_notify_waiter_t;
+
+
 typedef struct {
     ngx_str_node_t                   sn;         /* the channel: the rkey */
     ngx_queue_t                      waiters;
     ngx_queue_t                      dirty;      /* in notify->dirty */
     ngx_uint_t                       pending;    /* confirmations to come */
+    ngx_uint_t                       epoch;      /* when confirmed */
+    ngx_uint_t                       woken;      /* when last woken */
+    ngx_http_idempotency_notify_waiter_t  *checker;  /* claims for all */
     ngx_http_idempotency_node_t     *node;       /* a cluster's subscriber */
     ngx_uint_t                       slot;       /* a cluster's */
     unsigned                         in_dirty:1;
@@ -38,13 +45,13 @@ typedef struct {
 } ngx_http_idempotency_notify_key_t;
 
 
-typedef struct {
+struct ngx_http_idempotency_notify_waiter_s {
     ngx_queue_t                      queue;      /* in key->waiters */
     ngx_http_idempotency_ctx_t      *ctx;
     ngx_http_idempotency_notify_key_t  *key;
     unsigned                         checked:1;  /* claimed once subscribed */
     unsigned                         again:1;    /* woken during a claim */
-} ngx_http_idempotency_notify_waiter_t;
+};
 
 
 typedef struct ngx_http_idempotency_notify_sub_s
@@ -102,10 +109,24 @@ static ngx_uint_t ngx_http_idempotency_notify_send(
     ngx_http_idempotency_notify_t *n, const char *cmd, ngx_uint_t subscribe);
 static void ngx_http_idempotency_notify_wake_key(
     ngx_http_idempotency_notify_key_t *key);
+static void ngx_http_idempotency_notify_check_key(
+    ngx_http_idempotency_notify_key_t *key);
+static void ngx_http_idempotency_notify_wake(
+    ngx_http_idempotency_notify_waiter_t *w);
 static ngx_uint_t ngx_http_idempotency_notify_is(redisReply *r,
     const char *s);
 static ngx_uint_t ngx_http_idempotency_notify_is_prefix(u_char *p,
     u_char *last, const char *s);
+
+
+/*
+ * Subscriptions confirmed so far in the worker: a claim sent at a later
+ * epoch than its key's confirmation ran after the subscription took
+ * effect, so a completion after it is published to us (handler.c keeps
+ * the epoch of each claim it sends).
+ */
+
+ngx_uint_t  ngx_http_idempotency_notify_epoch;
 
 
 /*
@@ -175,6 +196,25 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
     }
 
     key = w->key;
+
+    if (key->confirmed) {
+        if (ctx->notify_epoch < key->woken) {
+            /* a message (or a failed check) came after this claim left */
+            w->again = 1;
+
+        } else {
+            /*
+             * the claim ran after the subscription took effect, or before
+             * it, while the check of the key (check_key) was still to come
+             */
+            w->checked = 1;
+        }
+
+        if (key->checker == w && ctx->notify_epoch >= key->epoch) {
+            /* the check: the key is still in progress */
+            key->checker = NULL;
+        }
+    }
 
     if (redis->seeds) {
         /* not subscribed (no map, no subscriber yet, moved): try again */
@@ -250,7 +290,18 @@ ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx)
     ngx_queue_remove(&w->queue);
 
     if (ngx_queue_empty(&key->waiters)) {
+        key->checker = NULL;
         ngx_http_idempotency_notify_dirty(ctx->redis->notify, key);
+        return;
+    }
+
+    if (key->checker == w) {
+        /*
+         * the claim the others counted on found the key done, released
+         * or taken (or never came): each of them claims for itself
+         */
+
+        ngx_http_idempotency_notify_wake_key(key);
     }
 }
 
@@ -917,7 +968,8 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
     if (--key->pending == 0) {
         if (key->subscribed) {
             key->confirmed = 1;
-            ngx_http_idempotency_notify_wake_key(key);
+            key->epoch = ++ngx_http_idempotency_notify_epoch;
+            ngx_http_idempotency_notify_check_key(key);
 
         } else if (ngx_queue_empty(&key->waiters)) {
             ngx_http_idempotency_notify_free_key(n, key);
@@ -1008,8 +1060,37 @@ static void
 ngx_http_idempotency_notify_wake_key(ngx_http_idempotency_notify_key_t *key)
 {
     ngx_queue_t                           *q;
+    ngx_http_idempotency_notify_waiter_t  *w;
+
+    key->checker = NULL;
+    key->woken = ++ngx_http_idempotency_notify_epoch;
+
+    for (q = ngx_queue_head(&key->waiters);
+         q != ngx_queue_sentinel(&key->waiters);
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_idempotency_notify_waiter_t, queue);
+        ngx_http_idempotency_notify_wake(w);
+    }
+}
+
+
+/*
+ * The subscription took effect: one claim sent from now on tells, for
+ * every waiter of the key, whether the original completed before.  One
+ * waiter sends it; the others sleep until a message, or until that claim
+ * finds anything but "in progress" (notify_unwatch wakes them then).
+ */
+
+static void
+ngx_http_idempotency_notify_check_key(ngx_http_idempotency_notify_key_t *key)
+{
+    ngx_msec_int_t                         left;
+    ngx_queue_t                           *q;
     ngx_http_idempotency_ctx_t            *ctx;
     ngx_http_idempotency_notify_waiter_t  *w;
+
+    key->checker = NULL;
 
     for (q = ngx_queue_head(&key->waiters);
          q != ngx_queue_sentinel(&key->waiters);
@@ -1018,27 +1099,71 @@ ngx_http_idempotency_notify_wake_key(ngx_http_idempotency_notify_key_t *key)
         w = ngx_queue_data(q, ngx_http_idempotency_notify_waiter_t, queue);
         ctx = w->ctx;
 
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
-                       "idempotency notify wake: state:%ui confirmed:%d",
-                       ctx->state, key->confirmed);
-
-        if (ctx->state != NGX_HTTP_IDEMPOTENCY_ST_POLLING) {
-            w->again = 1;
+        if (key->checker == NULL
+            && ctx->state == NGX_HTTP_IDEMPOTENCY_ST_POLLING)
+        {
+            key->checker = w;
+            ngx_http_idempotency_notify_wake(w);
             continue;
         }
 
-        /* the poll timer's handler, run now: the list is not touched */
-
         w->checked = 1;
-        w->again = 0;
 
-        if (ctx->timeout.timer_set) {
-            ngx_del_timer(&ctx->timeout);
+        if (ctx->state != NGX_HTTP_IDEMPOTENCY_ST_POLLING
+            || !ctx->timeout.timer_set)
+        {
+            continue;
         }
 
-        if (!ctx->timeout.posted) {
-            ngx_post_event(&ctx->timeout, &ngx_posted_events);
+        /* from polling to the safety poll, within idempotency_wait */
+
+        left = (ngx_msec_int_t) (ctx->wait_until - ngx_current_msec);
+
+        if (left > 0) {
+            ngx_add_timer(&ctx->timeout,
+                          ngx_min((ngx_msec_t) left,
+                                  NGX_HTTP_IDEMPOTENCY_NOTIFY_POLL));
         }
+    }
+
+    if (key->checker == NULL && !ngx_queue_empty(&key->waiters)) {
+        /* every claim is in flight, sent before: the first one goes again */
+
+        w = ngx_queue_data(ngx_queue_head(&key->waiters),
+                           ngx_http_idempotency_notify_waiter_t, queue);
+        w->again = 1;
+        key->checker = w;
+    }
+}
+
+
+static void
+ngx_http_idempotency_notify_wake(ngx_http_idempotency_notify_waiter_t *w)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = w->ctx;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "idempotency notify wake: state:%ui confirmed:%d",
+                   ctx->state, w->key->confirmed);
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_ST_POLLING) {
+        w->again = 1;
+        return;
+    }
+
+    /* the poll timer's handler, run now: the list is not touched */
+
+    w->checked = 1;
+    w->again = 0;
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    if (!ctx->timeout.posted) {
+        ngx_post_event(&ctx->timeout, &ngx_posted_events);
     }
 }
 

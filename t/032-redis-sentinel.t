@@ -26,6 +26,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Fleet;
+use TopoTest;
 use Time::HiRes qw(time sleep);
 use POSIX ();
 
@@ -49,14 +50,6 @@ END {
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
 
-sub topo {
-    my $out = `$topo @_ 2>&1`;
-    ok($? == 0, "topology.sh @_") or diag $out;
-    chomp $out;
-    note $out;
-    return $out;
-}
-
 sub cli { my $p = shift; return redis_cli_at($p, @_) }
 
 sub master_port {
@@ -70,16 +63,6 @@ sub writes {
     my $n = 0;
     $n += $1 while $stats =~ /^cmdstat_(?:set|eval|evalsha|del):calls=(\d+)/mg;
     return $n;
-}
-
-sub wait_until {
-    my ($secs, $cond) = @_;
-    my $deadline = time + $secs;
-    while (time < $deadline) {
-        return 1 if $cond->();
-        sleep 0.1;
-    }
-    return 0;
 }
 
 # traffic(port, tag, pause) -> stop(): a request every pause seconds

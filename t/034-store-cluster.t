@@ -15,6 +15,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use TopoTest;
 use Digest::SHA qw(sha256_hex);
 use IO::Socket::INET;
 use Time::HiRes qw(sleep);
@@ -39,16 +40,9 @@ END {
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
 
-sub topo {
-    my $out = `$topo @_ 2>&1`;
-    my $ok = $? == 0;
-    chomp $out;
-    ok($ok, "topology.sh @_") or diag $out;
-    return $ok;
-}
-
 $up = 1;
-topo('up', 'cluster', $ENV{TOPO_DIR}) or BAIL_OUT('no cluster');
+topo('up', 'cluster', $ENV{TOPO_DIR});
+BAIL_OUT('no cluster') if $?;
 
 sub cli { my $p = shift; redis_cli_at($p, @_) }
 
