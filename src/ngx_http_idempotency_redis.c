@@ -37,6 +37,7 @@ static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
 static void ngx_http_idempotency_reset_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_watchdog(ngx_event_t *ev);
 static void ngx_http_idempotency_flush_handler(ngx_event_t *ev);
+static u_char *ngx_http_idempotency_format_size(u_char *p, size_t n);
 
 
 static ngx_http_idempotency_op_t  *ngx_http_idempotency_free_ops;
@@ -688,20 +689,50 @@ ngx_http_idempotency_format_len(int argc, const size_t *argvlen)
 }
 
 
+/*
+ * RESP by hand: ngx_sprintf's format parsing was the largest part of a
+ * command's formatting (two commands and some 15 lengths per request)
+ */
+
 u_char *
 ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen)
 {
     int  i;
 
-    p = ngx_sprintf(p, "*%d\r\n", argc);
+    *p++ = '*';
+    p = ngx_http_idempotency_format_size(p, (size_t) argc);
 
     for (i = 0; i < argc; i++) {
-        p = ngx_sprintf(p, "$%uz\r\n", argvlen[i]);
+        *p++ = '$';
+        p = ngx_http_idempotency_format_size(p, argvlen[i]);
         p = ngx_cpymem(p, argv[i], argvlen[i]);
         *p++ = CR;
         *p++ = LF;
     }
+
+    return p;
+}
+
+
+/* a decimal number and CRLF */
+
+static u_char *
+ngx_http_idempotency_format_size(u_char *p, size_t n)
+{
+    u_char   buf[NGX_SIZE_T_LEN];
+    u_char  *d;
+
+    d = buf + NGX_SIZE_T_LEN;
+
+    do {
+        *--d = (u_char) ('0' + n % 10);
+        n /= 10;
+    } while (n);
+
+    p = ngx_cpymem(p, d, buf + NGX_SIZE_T_LEN - d);
+    *p++ = CR;
+    *p++ = LF;
 
     return p;
 }
