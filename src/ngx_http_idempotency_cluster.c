@@ -642,12 +642,21 @@ ngx_http_idempotency_cluster_send(ngx_http_idempotency_node_t *node,
         return NGX_DECLINED;
     }
 
-    p = ngx_http_idempotency_conn_reserve(node, len);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
+    if (len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
+        /* a large store: written from the op's copy */
 
-    node->out_last = ngx_cpymem(p, cmd, len);
+        if (ngx_http_idempotency_conn_write_now(node, cmd, len) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        p = ngx_http_idempotency_conn_reserve(node, len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        node->out_last = ngx_cpymem(p, cmd, len);
+    }
 
     ngx_http_idempotency_node_queue(node, op);
 

@@ -12,8 +12,6 @@
 #include "ngx_http_idempotency_module.h"
 
 
-/* a 256 KB reply takes 4 reads in one event, not 16 event loop turns */
-#define NGX_HTTP_IDEMPOTENCY_READ_SIZE   65536
 #define NGX_HTTP_IDEMPOTENCY_OUT_SIZE    16384
 #define NGX_HTTP_IDEMPOTENCY_OUT_KEEP    262144  /* kept once all is sent */
 
@@ -516,6 +514,52 @@ ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
 }
 
 
+/*
+ * A large command (a staged record) goes from the op's own copy, which it
+ * keeps to be sent again: with nothing queued before it, the socket takes
+ * what it can now, and only the rest is copied into the output buffer.
+ * Errors are left to the flush, as for any queued bytes.
+ */
+
+ngx_int_t
+ngx_http_idempotency_conn_write_now(ngx_http_idempotency_node_t *node,
+    u_char *buf, size_t len)
+{
+    u_char            *p;
+    ssize_t            n;
+    ngx_connection_t  *c;
+
+    c = node->conn;
+
+    if (node->ready && c && node->out_pos == node->out_last) {
+
+        while (len) {
+            n = c->send(c, buf, len);
+
+            if (n == NGX_AGAIN || n == NGX_ERROR) {
+                break;
+            }
+
+            buf += n;
+            len -= n;
+        }
+
+        if (len == 0) {
+            return NGX_OK;
+        }
+    }
+
+    p = ngx_http_idempotency_conn_reserve(node, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    node->out_last = ngx_cpymem(p, buf, len);
+
+    return NGX_OK;
+}
+
+
 void
 ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node)
 {
@@ -603,9 +647,11 @@ ngx_http_idempotency_conn_write(ngx_event_t *wev)
 static void
 ngx_http_idempotency_conn_read(ngx_event_t *rev)
 {
+    u_char                        *buf;
+    size_t                         size;
     ssize_t                        n;
     ngx_err_t                      err;
-    redisReply                    *reply;
+    ngx_int_t                      rc;
     ngx_connection_t              *c = rev->data;
     ngx_http_idempotency_node_t   *node = c->data;
     ngx_http_idempotency_redis_t  *redis;
@@ -619,7 +665,9 @@ ngx_http_idempotency_conn_read(ngx_event_t *rev)
     }
 
     for ( ;; ) {
-        n = c->recv(c, node->in, NGX_HTTP_IDEMPOTENCY_READ_SIZE);
+        buf = ngx_http_idempotency_input_buf(node, &size);
+
+        n = c->recv(c, buf, size);
 
         if (n == NGX_AGAIN) {
             break;
@@ -639,27 +687,15 @@ ngx_http_idempotency_conn_read(ngx_event_t *rev)
             return;
         }
 
-        if (redisReaderFeed(node->reader, (const char *) node->in, n)
-            != REDIS_OK)
-        {
-            goto invalid;
+        rc = ngx_http_idempotency_input(node, n);
+
+        if (rc == NGX_ERROR) {
+            /* the node is closed: nothing more to read on it */
+            return;
         }
 
-        for ( ;; ) {
-            if (redisReaderGetReply(node->reader, (void **) &reply)
-                != REDIS_OK)
-            {
-                goto invalid;
-            }
-
-            if (reply == NULL) {
-                break;
-            }
-
-            if (ngx_http_idempotency_node_reply(node, reply) != NGX_OK) {
-                /* the node is closed: nothing more to read on it */
-                return;
-            }
+        if (rc == NGX_DECLINED) {
+            goto invalid;
         }
     }
 
@@ -674,7 +710,10 @@ invalid:
     if (!node->failed) {
         ngx_log_error(NGX_LOG_ERR, redis->log, 0,
                       "idempotency: redis \"%V\" sent an invalid reply: %s, "
-                      "reconnecting", &redis->name, node->reader->errstr);
+                      "reconnecting", &redis->name,
+                      node->reader->err ? node->reader->errstr
+                                        : "bulk string not ended by CRLF, or "
+                                          "no memory for it");
         node->failed = 1;
     }
 
@@ -771,6 +810,8 @@ ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node)
         node->reader = NULL;
     }
 
+    ngx_http_idempotency_input_reset(node);
+
     node->open = 0;
     node->connected = 0;
     node->ready = 0;
@@ -803,6 +844,8 @@ ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node)
 
     ngx_free(node->in);
     node->in = NULL;
+
+    ngx_http_idempotency_input_reset(node);
 
     ngx_free(node->out);
     node->out = NULL;

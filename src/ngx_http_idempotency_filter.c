@@ -457,13 +457,20 @@ ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
     line = &ctx->request_line;
     last = buf + NGX_HTTP_IDEMPOTENCY_INFO_LEN;
 
-    buf = ngx_slprintf(buf, last, "key hash %*s, client: %V, request: \"",
-                       (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                       ngx_http_idempotency_key_hash(ctx),
-                       &r->connection->addr_text);
+    /*
+     * copied, not ngx_slprintf()ed: this runs for every store; the key
+     * hash and an address always fit, the line is cut to fit, and the
+     * closing quote always goes in
+     */
 
-    /* the line is cut to fit, and the closing quote always goes in */
-
+    buf = ngx_cpymem(buf, "key hash ", sizeof("key hash ") - 1);
+    buf = ngx_cpymem(buf, ngx_http_idempotency_key_hash(ctx),
+                     2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    buf = ngx_cpymem(buf, ", client: ", sizeof(", client: ") - 1);
+    buf = ngx_cpymem(buf, r->connection->addr_text.data,
+                     ngx_min(r->connection->addr_text.len,
+                             (size_t) NGX_SOCKADDR_STRLEN));
+    buf = ngx_cpymem(buf, ", request: \"", sizeof(", request: \"") - 1);
     buf = ngx_cpymem(buf, line->data,
                      ngx_min(line->len, (size_t) (last - buf - 1)));
     *buf++ = '"';
@@ -535,7 +542,7 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     argv[n] = value ? (const char *) value : "";
     argvlen[n++] = value ? len : 0;
     argv[n] = (const char *) ttl_buf;
-    argvlen[n++] = ngx_sprintf(ttl_buf, "%M", ttl) - ttl_buf;
+    argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, ttl) - ttl_buf;
 
     if (ngx_http_idempotency_redis_command(op, n, argv, argvlen) == NGX_OK) {
         return;
@@ -620,9 +627,9 @@ ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
     argv[3] = "PX";
     argvlen[3] = 2;
     argv[4] = (const char *) ttl;
-    argvlen[4] = ngx_sprintf(ttl, "%M",
-                             ngx_max(NGX_HTTP_IDEMPOTENCY_STAGE_TTL,
-                                     4 * redis->timeout))
+    argvlen[4] = ngx_http_idempotency_decimal(ttl,
+                                      ngx_max(NGX_HTTP_IDEMPOTENCY_STAGE_TTL,
+                                              4 * redis->timeout))
                  - ttl;
 
     return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);

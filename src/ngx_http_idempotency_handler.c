@@ -41,6 +41,7 @@ static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
 static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_cleanup(void *data);
+static void ngx_http_idempotency_free_record(void *data);
 
 
 static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
@@ -436,7 +437,8 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         argv[5] = "PX";
         argvlen[5] = 2;
         argv[6] = (const char *) ttl;
-        argvlen[6] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+        argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl)
+                       - ttl;
         argc = 7;
         break;
 
@@ -457,7 +459,8 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         argv[2] = "1";
         argvlen[2] = 1;
         argv[5] = (const char *) ttl;
-        argvlen[5] = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+        argvlen[5] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl)
+                       - ttl;
         argc = 6;
         break;
     }
@@ -533,6 +536,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
     u_char                         *data;
+    ngx_pool_cleanup_t             *cln;
     ngx_http_idempotency_record_t  *rec;
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
@@ -604,14 +608,31 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     }
 
-    /* hiredis frees the reply after this callback: keep a copy */
+    /*
+     * the reply is freed after this callback: a large record is taken from
+     * it, to be freed with the request, a small one copied
+     */
 
-    data = ngx_pnalloc(r->pool, reply->len);
-    if (data == NULL) {
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    if (reply->len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
+        cln = ngx_pool_cleanup_add(r->pool, 0);
+        if (cln == NULL) {
+            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        }
+
+        data = (u_char *) reply->str;
+        reply->str = NULL;
+
+        cln->handler = ngx_http_idempotency_free_record;
+        cln->data = data;
+
+    } else {
+        data = ngx_pnalloc(r->pool, reply->len);
+        if (data == NULL) {
+            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        }
+
+        ngx_memcpy(data, reply->str, reply->len);
     }
-
-    ngx_memcpy(data, reply->str, reply->len);
 
     rec = &ctx->record;
 
@@ -918,4 +939,13 @@ ngx_http_idempotency_cleanup(void *data)
     }
 
     ngx_http_idempotency_release(r, ctx);
+}
+
+
+/* a large record taken from its reply (decide) */
+
+static void
+ngx_http_idempotency_free_record(void *data)
+{
+    ngx_free(data);
 }

@@ -25,7 +25,17 @@
 /* a claim kept to be sent again after a broken connection (SET or EVALSHA) */
 #define NGX_HTTP_IDEMPOTENCY_RESEND_MAX     384
 
-/* "client: …, request: "…"" in the log lines of a store or release */
+/* one read from Redis: a 256 KB reply takes 4 reads in one event */
+#define NGX_HTTP_IDEMPOTENCY_READ_SIZE      65536
+
+/* from this size a bulk string is read in place (input.c) */
+#define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
+
+/*
+ * "key hash …, client: …, request: "…"" in the log lines of a store or
+ * release: 95 fixed bytes and an address of at most NGX_SOCKADDR_STRLEN
+ * (113) leave the request line at least 111
+ */
 #define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
 
 /* prefix + "{" + 64 hex digits + "}" */
@@ -123,6 +133,11 @@ typedef struct {
     ngx_resolver_ctx_t              *resolving;
     redisReader                     *reader;
     u_char                          *in;         /* recv buffer */
+
+    /* input.c: a large bulk string read in place */
+    u_char                          *bulk;
+    size_t                           bulk_size;  /* with its CRLF */
+    size_t                           bulk_got;
 
     /* formatted commands not yet sent */
     u_char                          *out;
@@ -511,6 +526,7 @@ void ngx_http_idempotency_node_load_script(
 void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op);
 size_t ngx_http_idempotency_format_len(int argc, const size_t *argvlen);
+u_char *ngx_http_idempotency_decimal(u_char *p, size_t n);
 u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
 
@@ -553,7 +569,16 @@ void ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node);
 u_char *ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
     size_t len);
+ngx_int_t ngx_http_idempotency_conn_write_now(
+    ngx_http_idempotency_node_t *node, u_char *buf, size_t len);
 void ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node);
+
+/* input.c: received bytes into replies */
+u_char *ngx_http_idempotency_input_buf(ngx_http_idempotency_node_t *node,
+    size_t *size);
+ngx_int_t ngx_http_idempotency_input(ngx_http_idempotency_node_t *node,
+    size_t n);
+void ngx_http_idempotency_input_reset(ngx_http_idempotency_node_t *node);
 
 /* tls.c */
 char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,

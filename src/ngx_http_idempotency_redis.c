@@ -623,14 +623,40 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     const size_t *argvlen)
 {
     u_char  *p, *start;
+    size_t   len;
 
     if (!node->open || node->handshake_failed || node->reset_ev.posted) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }
 
-    start = ngx_http_idempotency_conn_reserve(node,
-                              ngx_http_idempotency_format_len(argc, argvlen));
+    len = ngx_http_idempotency_format_len(argc, argvlen);
+
+    if (op->again && len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
+        /* a large store: formatted once, kept, and written from there */
+
+        op->buf = ngx_alloc(len, node->redis->log);
+
+        if (op->buf) {
+            op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv,
+                                                      argvlen)
+                          - op->buf;
+
+            if (ngx_http_idempotency_conn_write_now(node, op->buf,
+                                                    op->buf_len)
+                != NGX_OK)
+            {
+                ngx_http_idempotency_op_free(op);
+                return NGX_ERROR;
+            }
+
+            ngx_http_idempotency_node_queue(node, op);
+
+            return NGX_OK;
+        }
+    }
+
+    start = ngx_http_idempotency_conn_reserve(node, len);
     if (start == NULL) {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
@@ -720,6 +746,19 @@ ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
 static u_char *
 ngx_http_idempotency_format_size(u_char *p, size_t n)
 {
+    p = ngx_http_idempotency_decimal(p, n);
+    *p++ = CR;
+    *p++ = LF;
+
+    return p;
+}
+
+
+/* what ngx_sprintf("%uz") writes, without parsing a format per number */
+
+u_char *
+ngx_http_idempotency_decimal(u_char *p, size_t n)
+{
     u_char   buf[NGX_SIZE_T_LEN];
     u_char  *d;
 
@@ -730,11 +769,7 @@ ngx_http_idempotency_format_size(u_char *p, size_t n)
         n /= 10;
     } while (n);
 
-    p = ngx_cpymem(p, d, buf + NGX_SIZE_T_LEN - d);
-    *p++ = CR;
-    *p++ = LF;
-
-    return p;
+    return ngx_cpymem(p, d, buf + NGX_SIZE_T_LEN - d);
 }
 
 

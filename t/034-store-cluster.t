@@ -85,14 +85,7 @@ my $dir = nginx_conf('sc', <<"EOC", 1);
         idempotency_redis 127.0.0.1:$seed cluster;
         idempotency_redis_timeout 3s;
         idempotency_store_max_size 1m;
-        location / {
-            idempotency on;
-            add_header X-Idem \$idempotency_status always;
-            proxy_method GET;
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_pass http://127.0.0.1:$be_port;
-        }
+@{[ get_front($be_port) ]}
     }
     server {
         listen 127.0.0.1:$be_port;

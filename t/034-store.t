@@ -49,14 +49,7 @@ close $fh;
 
 my $front = <<"EOC";
         idempotency_store_max_size 1m;
-        location / {
-            idempotency on;
-            add_header X-Idem \$idempotency_status always;
-            proxy_method GET;
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_pass http://127.0.0.1:$be_port;
-        }
+@{[ get_front($be_port) ]}
 EOC
 
 my $dir = nginx_conf('store', <<"EOC", 1);

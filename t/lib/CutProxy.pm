@@ -14,6 +14,7 @@ use Time::HiRes qw(sleep);
 use Exporter 'import';
 
 our @EXPORT = qw(cut_proxy cut);
+our @EXPORT_OK = qw(proxy_loop);
 
 my $file;
 
@@ -33,9 +34,41 @@ sub cut_proxy {
     my ($port, $rp, $f) = @_;
     $file = $f;
     cut('none', 0);
+    return proxy_loop($port, $rp, sub {
+        my ($s, $buf, $p, $close, $from_redis) = @_;
+        if (!$from_redis) {
+            open my $fh, '<', $file or die $!;
+            my ($mode, $times, $cmds) = split ' ', scalar <$fh>;
+            close $fh;
+            my $re = join '|', map { '\$' . length($_) . "\r\n$_\r\n" }
+                               split /\|/, $cmds;
+            if ($times > 0 && $buf =~ /$re/) {
+                open $fh, '>', $file or die $!;
+                print $fh "$mode ", $times - 1, " $cmds\n";
+                close $fh;
+                if ($mode eq 'after') {
+                    syswrite($p, $buf);
+                    sleep 0.1;    # Redis runs it; its reply is lost
+                }
+                $close->($s);
+                return;
+            }
+        }
+        syswrite($p, $buf);
+    });
+}
+
+# proxy_loop(listen port, redis port, on_data) -> pid of a forked proxy
+# that connects each accepted connection to Redis and calls
+# on_data(socket, bytes, peer, close, from_redis) for what either side
+# sent (at most read_size(socket) bytes, default 64 KB); close->(socket)
+# closes both sides
+sub proxy_loop {
+    my ($port, $rp, $on_data, $read_size) = @_;
     my $pid = fork // die "fork: $!";
     return $pid if $pid;
 
+    srand($$);
     my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
                                   Listen => 16, ReuseAddr => 1)
         or die "proxy: $!";
@@ -59,35 +92,19 @@ sub cut_proxy {
                     or do { close $c; next };
                 $peer{$c} = $r;
                 $peer{$r} = $c;
-                ${*$c}{client} = 1;
+                ${*$r}{redis} = 1;
                 $sel->add($c, $r);
                 next;
             }
-            my $n = sysread($s, my $buf, 65536);
+            my $from_redis = ${*$s}{redis} ? 1 : 0;
+            my $size = $read_size ? $read_size->($from_redis) : 65536;
+            my $n = sysread($s, my $buf, $size);
             if (!$n) {
                 $close->($s);
                 next;
             }
             my $p = $peer{$s} or next;
-            if (${*$s}{client}) {
-                open my $fh, '<', $file or die $!;
-                my ($mode, $times, $cmds) = split ' ', scalar <$fh>;
-                close $fh;
-                my $re = join '|', map { '\$' . length($_) . "\r\n$_\r\n" }
-                                   split /\|/, $cmds;
-                if ($times > 0 && $buf =~ /$re/) {
-                    open $fh, '>', $file or die $!;
-                    print $fh "$mode ", $times - 1, " $cmds\n";
-                    close $fh;
-                    if ($mode eq 'after') {
-                        syswrite($p, $buf);
-                        sleep 0.1;    # Redis runs it; its reply is lost
-                    }
-                    $close->($s);
-                    next;
-                }
-            }
-            syswrite($p, $buf);
+            $on_data->($s, $buf, $p, $close, $from_redis);
         }
     }
     exit 0;

@@ -282,4 +282,22 @@ sub idem_status {
     return "$r->{status} " . ($idem // '-');
 }
 
+# get_front(backend port): a protected location that sends each POST to
+# the backend as a GET of the same path (a file there is the response),
+# with $idempotency_status in X-Idem
+push @EXPORT, 'get_front';
+sub get_front {
+    my $be = shift;
+    return <<"EOC";
+        location / {
+            idempotency on;
+            add_header X-Idem \$idempotency_status always;
+            proxy_method GET;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_pass http://127.0.0.1:$be;
+        }
+EOC
+}
+
 1;
