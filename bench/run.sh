@@ -27,6 +27,12 @@
 #                 each duplicate's (p50/p99/max) and the Redis commands and
 #                 CPU per waiting duplicate, beyond what an original alone
 #                 costs (measured first, without duplicates)
+#   floor         what this box charges for the least the large scenarios
+#                 must do (no wrk): Redis CPU per native SET of a new
+#                 200-byte and 256 KB value and per GET of 256 KB
+#                 (redis-benchmark, 32 clients), SHA-256 of the 64 KB body
+#                 (openssl speed); the report turns them into the best
+#                 large-fresh and large-replay ratios reachable here
 #
 # tls-fresh etc. can be named alone in BENCH_SCENARIOS.  The plain side of
 # the tls and cluster scenarios is the same plain edge, run in alternation.
@@ -55,7 +61,7 @@
 # BENCH_WAIT_DELAY_MS (200), BENCH_WAIT_GAP_MS ("20:50"),
 # BENCH_WAIT_PARALLEL (4 trials at a time), BENCH_WAIT_TIMEOUT (5s),
 # BENCH_SCENARIOS ("fresh replay bypass large-fresh large-replay sweep tls
-# cluster wait"), BENCH_UPSTREAM_WORKERS (2), BENCH_DIR
+# cluster wait floor"), BENCH_UPSTREAM_WORKERS (2), BENCH_DIR
 # (/tmp/ngx-idempotency-bench), BENCH_UPSTREAM_PORT (18101),
 # BENCH_PLAIN_PORT (18102), BENCH_MODULE_PORT (18103), BENCH_REDIS_PORT
 # (16500), TOPO_BASE (16600: the TLS Redis on +0 and +1, the cluster on
@@ -117,7 +123,7 @@ DURATION=${BENCH_DURATION:-$d_dur}
 LARGE_DURATION=${BENCH_LARGE_DURATION:-$d_large}
 SWEEP_DURATION=${BENCH_SWEEP_DURATION:-$d_sweep}
 SWEEP_CONNS=${BENCH_SWEEP_CONNS:-32 256 1024}
-SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay sweep tls cluster wait}
+SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay sweep tls cluster wait floor}
 TOPO_ROUNDS=${BENCH_TOPO_ROUNDS:-$d_topo_rounds}
 TOPO_DURATION=${BENCH_TOPO_DURATION:-$d_topo}
 WAIT_TRIALS=${BENCH_WAIT_TRIALS:-$d_trials}
@@ -999,6 +1005,57 @@ if has wait; then
     wait_scenario
 fi
 
+# --- floors -------------------------------------------------------------------
+
+# What this box charges for the least any implementation must do, measured
+# on the bench's own Redis once the scenarios are done: Redis CPU per native
+# command (redis-benchmark, 32 clients, like wrk's connections) and SHA-256
+# of a large body (openssl speed; the fingerprint covers the body).  The
+# report turns them into the best ratio the large scenarios can reach here.
+FLOORS=$DIR/floors.tsv
+: > "$FLOORS"
+
+redis_cpu_us() {
+    redis INFO cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 }
+                              END { printf "%.0f", s * 1000000 }'
+}
+
+# floor_cmd NAME N ARGS...: Redis CPU per call of redis-benchmark ARGS
+floor_cmd() {
+    local name=$1 n=$2 a b
+    shift 2
+    a=$(redis_cpu_us)
+    redis-benchmark -p "$REDIS_PORT" -c 32 -n "$n" -q "$@" > /dev/null
+    b=$(redis_cpu_us)
+    printf '%s\t%.1f\n' "$name" "$(echo "($b - $a) / $n" | bc -l)" >> "$FLOORS"
+}
+
+floor_scenario() {
+    local kbps
+
+    echo "  floors: redis-benchmark on the bench Redis, openssl speed"
+    redis_reset
+    floor_cmd set_small 40000 -t set -r 1000000000 -d "$SMALL_BODY"
+    redis_reset
+    floor_cmd set_large 3000 -t set -r 1000000000 -d "$LARGE_RESPONSE"
+    redis_reset
+    head -c "$LARGE_RESPONSE" /dev/zero | tr '\0' r |
+        redis-cli -p "$REDIS_PORT" -x SET floor-large > /dev/null
+    floor_cmd get_large 3000 GET floor-large
+    redis_reset
+
+    # the last figure is kB/s for the block size asked
+    kbps=$(openssl speed -evp sha256 -bytes "$LARGE_BODY" -seconds 1 \
+               2>/dev/null | awk '/^sha256/ { v = $NF } END { printf "%.0f", v }')
+    printf 'sha_large\t%.1f\n' \
+        "$(echo "$LARGE_BODY / ($kbps * 1000) * 1000000" | bc -l)" >> "$FLOORS"
+    sed 's/^/    /' "$FLOORS"
+}
+
+if has floor && command -v redis-benchmark > /dev/null; then
+    floor_scenario
+fi
+
 redis_reset
 
 # --- report -------------------------------------------------------------------
@@ -1025,6 +1082,7 @@ summary() {
         add("rps", s, $7); add("p50", s, $8); add("p99", s, $9)
         add("ng", s, $10); add("rd", s, $11); add("box", s, $12)
         add("cl", s, $14); add("da", s, $15); add("rm", s, $22)
+        add("up", s, $13)
         v[k, $3, s, "rps"] = $7; v[k, $3, s, "p99"] = $9
         v[k, $3, s, "ng"] = $10
         if ($3 > rounds[k]) rounds[k] = $3
@@ -1046,7 +1104,7 @@ summary() {
             # 8-10 p99 ms and ratio; 11-13 nginx us/req and ratio; 14 redis
             # us/req; 15-16 box us/req; 17-18 redis client and Lua cmds/req;
             # 19 check
-            printf "%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%s\t%.1f\n",
+            printf "%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%s\t%.1f\t%.1f\n",
                 kk[1], kk[2],
                 m("rps", "plain"), m("rps", "module"), median(r1),
                 m("p50", "plain") / 1000, m("p50", "module") / 1000,
@@ -1054,13 +1112,13 @@ summary() {
                 m("ng", "plain"), m("ng", "module"), median(r3),
                 m("rd", "module"), m("box", "plain"), m("box", "module"),
                 m("cl", "module"), m("da", "module"),
-                bad[k] ? "FAIL" : "OK", m("rm", "module")
+                bad[k] ? "FAIL" : "OK", m("rm", "module"), m("up", "plain")
         }
     }' "$RUNS"
 }
 
 {
-    printf 'scenario\tconns\tplain_rps\tmodule_rps\trps_ratio\tplain_p50_ms\tmodule_p50_ms\tplain_p99_ms\tmodule_p99_ms\tp99_ratio\tplain_nginx_us\tmodule_nginx_us\tnginx_ratio\tredis_us_per_req\tplain_box_us\tmodule_box_us\tclient_cmds_per_req\tdata_cmds_per_req\tcheck\tredis_masters_us_per_req\n'
+    printf 'scenario\tconns\tplain_rps\tmodule_rps\trps_ratio\tplain_p50_ms\tmodule_p50_ms\tplain_p99_ms\tmodule_p99_ms\tp99_ratio\tplain_nginx_us\tmodule_nginx_us\tnginx_ratio\tredis_us_per_req\tplain_box_us\tmodule_box_us\tclient_cmds_per_req\tdata_cmds_per_req\tcheck\tredis_masters_us_per_req\tplain_upstream_us\n'
     summary
 } > "$DIR/summary.tsv"
 
@@ -1146,6 +1204,36 @@ report() {
         t("wait: Redis commands while waiting <= 2", w, wcmd, "<=", 2)
     }' "$DIR/summary.tsv" "$WAITS"
     echo
+
+    # the box is saturated, so throughput follows the box's CPU per
+    # request: the best ratio is plain's box CPU over plain's plus the
+    # least the module must add (or, on replays, put in the upstream's place)
+    if [ -s "$FLOORS" ]; then
+        echo "== floors (this box; the best ratio if the module added nothing else) =="
+        awk -F'\t' '
+        FILENAME == ARGV[1] { fl[$1] = $2; next }
+        FNR > 1 && $2 == 32 { box[$1] = $15; up[$1] = $21; rr[$1] = $5; have[$1] = 1 }
+        END {
+            printf "  Redis CPU per native SET of a new 200-byte value  %7.1f us\n", fl["set_small"]
+            printf "  Redis CPU per native SET of a new 256 KB value    %7.1f us\n", fl["set_large"]
+            printf "  Redis CPU per native GET of a 256 KB value        %7.1f us\n", fl["get_large"]
+            printf "  SHA-256 of the 64 KB body (the fingerprint)       %7.1f us\n", fl["sha_large"]
+            if (have["large-fresh"]) {
+                b = box["large-fresh"]
+                printf "  large fresh:  plain box %.0f us + SET 256 KB + SHA-256 -> at best %.2fx plain (measured %.2fx)\n",
+                    b, b / (b + fl["set_large"] + fl["sha_large"]), rr["large-fresh"]
+            }
+            if (have["large-replay"]) {
+                b = box["large-replay"]
+                printf "  large replay: plain box %.0f us - upstream %.0f us + GET 256 KB + SHA-256 -> at best %.2fx plain (measured %.2fx)\n",
+                    b, up["large-replay"],
+                    b / (b - up["large-replay"] + fl["get_large"] + fl["sha_large"]),
+                    rr["large-replay"]
+            }
+        }' "$FLOORS" "$DIR/summary.tsv"
+        echo
+    fi
+
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
