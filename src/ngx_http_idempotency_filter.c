@@ -33,10 +33,11 @@ static void ngx_http_idempotency_consume(ngx_http_request_t *r,
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_http_idempotency_op_t *ngx_http_idempotency_finish_op(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_str_t *info);
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_http_idempotency_reply_pt handler);
 static ngx_int_t ngx_http_idempotency_stage(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, u_char *claim,
-    u_char *value, size_t len, ngx_str_t *info, ngx_str_t *skey);
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_str_t *skey);
 static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
@@ -47,6 +48,7 @@ ngx_int_t
 ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 {
     ngx_int_t                    rc;
+    ngx_uint_t                   status;
     ngx_http_idempotency_ctx_t  *ctx;
 
     if (r != r->main) {
@@ -60,6 +62,30 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     ctx->header_seen = 1;
+
+    /*
+     * What nginx sends is not always the upstream's answer: an upstream
+     * never reached frees the key whatever page error_page makes of it,
+     * and one that got the request but never answered leaves it unknown.
+     */
+
+    switch (ngx_http_idempotency_outcome(r, ctx, &status)) {
+
+    case NGX_HTTP_IDEMPOTENCY_OUT_NOT_SENT:
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "idempotency: upstream never reached (%ui), releasing",
+                       r->headers_out.status);
+
+        ngx_http_idempotency_release(r, ctx);
+        return ngx_http_idempotency_next_header(r);
+
+    case NGX_HTTP_IDEMPOTENCY_OUT_SENT:
+        ngx_http_idempotency_unknown(r, ctx, status);
+        return ngx_http_idempotency_next_header(r);
+
+    default:
+        break;
+    }
 
     if (!ngx_http_idempotency_store_status_ok(ctx->conf,
                                               r->headers_out.status))
@@ -83,7 +109,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     if (rc != NGX_OK) {
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_give_up(r, ctx);
         return NGX_ERROR;
     }
 
@@ -215,11 +241,11 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
     if (!ngx_buf_in_memory(b)) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: response body is not in memory, not "
-                      "stored: a retry runs the request again, key hash %*s",
+                      "stored, key hash %*s",
                       (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
                       ngx_http_idempotency_key_hash(ctx));
         ctx->capturing = 0;
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_give_up(r, ctx);
         return NGX_ERROR;
     }
 
@@ -235,12 +261,11 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         if ((size_t) (cap->end - cap->last) < n) {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                           "idempotency: response body exceeds its "
-                          "Content-Length, not stored: a retry runs the "
-                          "request again, key hash %*s",
+                          "Content-Length, not stored, key hash %*s",
                           (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
                           ngx_http_idempotency_key_hash(ctx));
             ctx->capturing = 0;
-            ngx_http_idempotency_release(r, ctx);
+            ngx_http_idempotency_give_up(r, ctx);
             return NGX_ERROR;
         }
 
@@ -294,7 +319,7 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 failed:
 
     ctx->capturing = 0;
-    ngx_http_idempotency_release(r, ctx);
+    ngx_http_idempotency_give_up(r, ctx);
 
     return NGX_ERROR;
 }
@@ -322,7 +347,7 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
                           "idempotency: response body truncated "
                           "(%uz of %O bytes), not stored",
                           cap->body_len, cap->expected);
-            ngx_http_idempotency_release(r, ctx);
+            ngx_http_idempotency_give_up(r, ctx);
             return;
         }
 
@@ -346,7 +371,7 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
 
     value = ngx_pnalloc(r->pool, len + tlen);
     if (value == NULL) {
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_give_up(r, ctx);
         return;
     }
 
@@ -392,7 +417,7 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
 
     buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2);
     if (buf == NULL) {
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_give_up(r, ctx);
         return;
     }
 
@@ -416,8 +441,9 @@ void
 ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     size_t len, ngx_msec_t ttl, ngx_log_t *log)
 {
-    ngx_str_t  info;
-    u_char     buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+    ngx_str_t                      info;
+    ngx_http_idempotency_finish_t  f;
+    u_char                         buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     if (ctx->finished) {
         return;
@@ -426,12 +452,22 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     ctx->finished = 1;
     ctx->capturing = 0;
 
+    ngx_http_idempotency_lease_stop(ctx);
+
     info.data = buf;
     info.len = ngx_http_idempotency_request_info(ctx, buf) - buf;
 
+    f.rkey = ctx->rkey;
+    f.claim = ctx->claim;
+    f.value = value;
+    f.len = len;
+    f.ttl = ttl;
+    f.lease_end = ctx->lease_end;
+    f.info = &info;
+    f.orphan = 0;
+
     ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
-    ngx_http_idempotency_finish_key(ctx->redis, &ctx->rkey, ctx->claim,
-                                    value, len, ttl, &info, log);
+    ngx_http_idempotency_finish_key(ctx->redis, &f, log);
 
     if (value) {
         ngx_http_idempotency_wait_store(ctx, &info);
@@ -480,45 +516,36 @@ ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
 
 
 /*
- * Stores the final record, or releases the claim when value is NULL.  The
- * script only acts if the key still holds our own claim.  Fire and forget:
- * the request does not wait for the reply.  The script goes by EVALSHA (by
- * EVAL after a NOSCRIPT, redis.c); a large record is staged first.
+ * Stores the final record (or an unknown outcome), or releases the claim
+ * when f->value is NULL.  The script only acts if the key still holds our
+ * own claim.  Fire and forget: the request does not wait for the reply,
+ * and one that does not come sends it again (retry.c).  The script goes by
+ * EVALSHA (by EVAL after a NOSCRIPT, redis.c); a large record is staged
+ * first.
  */
 
 void
 ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
-    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
-    ngx_msec_t ttl, ngx_str_t *info, ngx_log_t *log)
+    ngx_http_idempotency_finish_t *f, ngx_log_t *log)
 {
     int                         n;
     u_char                      ttl_buf[NGX_INT_T_LEN];
     u_char                      stage[NGX_HTTP_IDEMPOTENCY_RKEY_MAX + 3
                                       + 2 * NGX_HTTP_IDEMPOTENCY_TOKEN_LEN];
-    size_t                      argvlen[8];
+    size_t                      len, argvlen[8];
     ngx_str_t                   skey;
     const char                 *argv[8];
     ngx_http_idempotency_op_t  *op;
 
     skey.len = 0;
     skey.data = stage;
+    len = f->len;
 
-    if (value && len >= NGX_HTTP_IDEMPOTENCY_STAGE_MIN
-        && ngx_http_idempotency_stage(redis, rkey, claim, value, len, info,
-                                      &skey)
-           != NGX_OK)
+    if (f->value && len >= NGX_HTTP_IDEMPOTENCY_STAGE_MIN
+        && ngx_http_idempotency_stage(redis, f, &skey) != NGX_OK)
     {
         goto failed;
     }
-
-    op = ngx_http_idempotency_finish_op(redis, rkey, info);
-    if (op == NULL) {
-        goto failed;
-    }
-
-    op->store = value ? 1 : 0;
-    op->sha = 1;
-    ngx_http_idempotency_metrics_store_sent(op, value);
 
     n = 0;
     argv[n] = "EVALSHA";
@@ -527,8 +554,8 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     argvlen[n++] = 40;
     argv[n] = skey.len ? "2" : "1";
     argvlen[n++] = 1;
-    argv[n] = (const char *) rkey->data;
-    argvlen[n++] = rkey->len;
+    argv[n] = (const char *) f->rkey.data;
+    argvlen[n++] = f->rkey.len;
 
     if (skey.len) {
         /* the record is there already: its head names it */
@@ -537,14 +564,31 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
         len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
     }
 
-    argv[n] = (const char *) claim;
+    argv[n] = (const char *) f->claim;
     argvlen[n++] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    argv[n] = value ? (const char *) value : "";
-    argvlen[n++] = value ? len : 0;
+    argv[n] = f->value ? (const char *) f->value : "";
+    argvlen[n++] = f->value ? len : 0;
     argv[n] = (const char *) ttl_buf;
-    argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, ttl) - ttl_buf;
+    argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, f->ttl) - ttl_buf;
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_finish_done);
+    if (op == NULL) {
+        goto failed;
+    }
 
     if (ngx_http_idempotency_redis_command(op, n, argv, argvlen) == NGX_OK) {
+        return;
+    }
+
+    /* no connection now: kept, and sent when there is one */
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_finish_done);
+
+    if (op && ngx_http_idempotency_retry_command(op, n, argv, argvlen)
+              == NGX_OK)
+    {
         return;
     }
 
@@ -554,8 +598,10 @@ failed:
 
     ngx_log_error(NGX_LOG_ERR, log, 0,
                   "idempotency: cannot %s the record, redis unavailable; "
-                  "the key stays claimed until idempotency_lock_ttl, %V",
-                  value ? "store" : "release", info ? info : rkey);
+                  "the key stays claimed and reads as outcome-unknown once "
+                  "its lease ends, %V",
+                  f->value ? "store" : "release",
+                  f->info ? f->info : &f->rkey);
 }
 
 
@@ -563,7 +609,7 @@ failed:
 
 static ngx_http_idempotency_op_t *
 ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
-    ngx_str_t *rkey, ngx_str_t *info)
+    ngx_http_idempotency_finish_t *f, ngx_http_idempotency_reply_pt handler)
 {
     ngx_http_idempotency_op_t  *op;
 
@@ -572,16 +618,25 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
         return NULL;
     }
 
-    op->handler = ngx_http_idempotency_finish_done;
+    op->handler = handler;
     op->again = 1;
-    op->info_len = info ? info->len : 0;
+    op->info_len = f->info ? f->info->len : 0;
 
-    if (info) {
-        ngx_memcpy(op->info, info->data, info->len);
+    if (f->info) {
+        ngx_memcpy(op->info, f->info->data, f->info->len);
     }
 
-    op->rkey_len = rkey->len;
-    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+    op->rkey_len = f->rkey.len;
+    ngx_memcpy(op->rkey, f->rkey.data, f->rkey.len);
+    ngx_memcpy(op->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    op->lease_end = f->lease_end;
+    op->orphan = f->orphan;
+
+    if (handler == ngx_http_idempotency_finish_done) {
+        op->store = f->value ? 1 : 0;
+        op->sha = 1;
+        ngx_http_idempotency_metrics_store_sent(op, f->value);
+    }
 
     return op;
 }
@@ -596,34 +651,26 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
 
 static ngx_int_t
 ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
-    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
-    ngx_str_t *info, ngx_str_t *skey)
+    ngx_http_idempotency_finish_t *f, ngx_str_t *skey)
 {
     u_char                     *p, ttl[NGX_INT_T_LEN];
     size_t                      argvlen[5];
     const char                 *argv[5];
     ngx_http_idempotency_op_t  *op;
 
-    p = ngx_cpymem(skey->data, rkey->data, rkey->len);
+    p = ngx_cpymem(skey->data, f->rkey.data, f->rkey.len);
     p = ngx_cpymem(p, ":s:", 3);
-    p = ngx_hex_dump(p, claim + NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+    p = ngx_hex_dump(p, f->claim + NGX_HTTP_IDEMPOTENCY_HEAD_LEN
                         - NGX_HTTP_IDEMPOTENCY_TOKEN_LEN,
                      NGX_HTTP_IDEMPOTENCY_TOKEN_LEN);
     skey->len = p - skey->data;
-
-    op = ngx_http_idempotency_finish_op(redis, rkey, info);
-    if (op == NULL) {
-        return NGX_ERROR;
-    }
-
-    op->handler = ngx_http_idempotency_stage_done;
 
     argv[0] = "SET";
     argvlen[0] = 3;
     argv[1] = (const char *) skey->data;
     argvlen[1] = skey->len;
-    argv[2] = (const char *) value;
-    argvlen[2] = len;
+    argv[2] = (const char *) f->value;
+    argvlen[2] = f->len;
     argv[3] = "PX";
     argvlen[3] = 2;
     argv[4] = (const char *) ttl;
@@ -632,7 +679,23 @@ ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
                                               4 * redis->timeout))
                  - ttl;
 
-    return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_stage_done);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen) == NGX_OK) {
+        return NGX_OK;
+    }
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_stage_done);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_retry_command(op, 5, argv, argvlen);
 }
 
 
@@ -644,10 +707,27 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     ngx_str_t    info;
     redisReply   released;
 
+    if (ngx_http_idempotency_retry(op, reply) == NGX_OK) {
+        return;
+    }
+
     log = op->redis->log;
 
     info.data = op->info_len ? op->info : op->rkey;
     info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    if (op->orphan && reply && reply->type == REDIS_REPLY_INTEGER) {
+        /* 0: the claim never landed, or a retry took it over since */
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "idempotency: a claim whose reply was lost was %s, %V",
+                      reply->integer ? "released" : "not there", &info);
+
+        if (reply->integer == 1) {
+            ngx_http_idempotency_metrics_store_done(op, reply);
+        }
+
+        return;
+    }
 
     if (reply && !op->store && op->resent
         && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
@@ -690,8 +770,8 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: claim was lost before the record was "
-                      "%s (idempotency_lock_ttl expired?), the request may "
-                      "have run twice, %V",
+                      "%s (taken over after its lease expired, or Redis "
+                      "lost the key), %V",
                       op->store ? "stored" : "released", &info);
     }
 }
@@ -704,6 +784,10 @@ ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_str_t  info;
+
+    if (ngx_http_idempotency_retry(op, reply) == NGX_OK) {
+        return;
+    }
 
     if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
         return;

@@ -33,6 +33,21 @@ static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_own_claim(redisReply *reply,
     u_char *claim);
+static ngx_http_idempotency_op_t *ngx_http_idempotency_claim_op(
+    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx,
+    ngx_http_idempotency_reply_pt handler);
+static ngx_int_t ngx_http_idempotency_take_over(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_int_t ngx_http_idempotency_take_command(
+    ngx_http_idempotency_op_t *op, ngx_str_t *rkey, u_char *seen,
+    u_char *value, ngx_msec_t ttl);
+static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_reject(ngx_http_request_t *r,
@@ -372,7 +387,9 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
     }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-    ctx->status = NGX_HTTP_IDEMPOTENCY_BYPASS;
+
+    /* a request with a key is never "bypass", even if its client leaves */
+    ctx->status = NGX_HTTP_IDEMPOTENCY_CONFLICT;
 
     r->write_event_handler = ngx_http_core_run_phases;
     ngx_http_core_run_phases(r);
@@ -391,18 +408,13 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     const char                 *argv[7];
     ngx_http_idempotency_op_t  *op;
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    op = ngx_http_idempotency_claim_op(r, ctx,
+                                       ngx_http_idempotency_claim_done);
     if (op == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    op->request = r;
-    op->ctx = ctx;
-    op->handler = ngx_http_idempotency_claim_done;
     op->resend = 1;
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-    ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     ngx_http_idempotency_metrics_claim_sent(op, ctx);
     ctx->notify_epoch = ngx_http_idempotency_notify_epoch;
 
@@ -437,7 +449,8 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         argv[5] = "PX";
         argvlen[5] = 2;
         argv[6] = (const char *) ttl;
-        argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl)
+        argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
+                                                       + ctx->conf->ttl)
                        - ttl;
         argc = 7;
         break;
@@ -459,7 +472,8 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         argv[2] = "1";
         argvlen[2] = 1;
         argv[5] = (const char *) ttl;
-        argvlen[5] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl)
+        argvlen[5] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
+                                                       + ctx->conf->ttl)
                        - ttl;
         argc = 6;
         break;
@@ -501,10 +515,15 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_metrics_claim_done(op, reply);
 
     if (r == NULL) {
-        /* the request is gone; a claim it won must not block retries */
+        /*
+         * The request is gone, or went on without an answer: a claim it
+         * may have won must not leave the key stuck where nothing ran.
+         * Unless the request passed upstream unprotected: then it may run.
+         */
 
-        if (reply
-            && (reply->type == REDIS_REPLY_NIL
+        if (op->release_lost
+            && (reply == NULL
+                || reply->type == REDIS_REPLY_NIL
                 || ngx_http_idempotency_own_claim(reply, op->claim)))
         {
             ngx_http_idempotency_release_orphan(op);
@@ -517,6 +536,14 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ctx->op = NULL;
 
     ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
+
+    if (reply == NULL
+        && ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
+        && !ctx->conf->dry_run)
+    {
+        /* the claim may have landed before the connection broke */
+        ngx_http_idempotency_release_orphan(op);
+    }
 
     if (ngx_http_idempotency_wait_hold(r, ctx) == NGX_AGAIN) {
         /* won: the replicas acknowledge it first, under the same timer */
@@ -661,34 +688,324 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         return NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE;
 
     default: /* NGX_HTTP_IDEMPOTENCY_REC_CLAIM */
+        break;
+    }
+
+    switch (ngx_http_idempotency_lease_read(data, &ctx->unknown_status)) {
+
+    case NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED:
+        /* its owner is gone after it may have run: never a free key */
+        ctx->expired = 1;
+
+        /* fall through */
+
+    case NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN:
+        ngx_memcpy(ctx->seen, data, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        return NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN;
+
+    default:
         return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
     }
 }
 
 
-/* this request's own claim, token included: only this request wrote it */
+/*
+ * An op that writes this request's claim (a claim, a take-over): a lease
+ * from now, and what releases the claim if the request cannot wait for
+ * the reply.  Redis keeps a dead owner's claim, read as unknown.
+ */
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_claim_op(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_reply_pt handler)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    ngx_http_idempotency_lease_set(ctx->claim, ctx->conf->lock_ttl);
+
+    op->request = r;
+    op->ctx = ctx;
+    op->handler = handler;
+    op->release_lost = 1;
+    op->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+    ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+    return op;
+}
+
+
+/*
+ * this request's own lease, owner included: only this request wrote it (a
+ * claim sent again after a broken connection carries the same bytes)
+ */
 
 static ngx_uint_t
 ngx_http_idempotency_own_claim(redisReply *reply, u_char *claim)
 {
     return reply->type == REDIS_REPLY_STRING
            && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
-           && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+           && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2)
               == 0;
 }
 
 
+/*
+ * A claim whose request never reached the upstream, and whose reply was
+ * lost or came too late: released, owner-checked, and sent again until
+ * Redis answers or its lease would have ended.
+ */
+
 void
 ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
 {
-    ngx_str_t  rkey;
+    ngx_http_idempotency_finish_t  f;
 
-    rkey.data = op->rkey;
-    rkey.len = op->rkey_len;
+    ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
+
+    f.rkey.data = op->rkey;
+    f.rkey.len = op->rkey_len;
+    f.claim = op->claim;
+    f.lease_end = op->lease_end;
+    f.orphan = 1;
 
     ngx_http_idempotency_metrics_attribute(op->zone);
-    ngx_http_idempotency_finish_key(op->redis, &rkey, op->claim, NULL, 0, 0,
-                                    NULL, op->redis->log);
+    ngx_http_idempotency_finish_key(op->redis, &f, op->redis->log);
+}
+
+
+/*
+ * forward and release: the first retry that finds an unknown outcome (or
+ * a dead owner's lease) takes the record over, atomically: only if it
+ * still holds exactly what this request read.  A renewal or a store in
+ * between makes it fail, and the request claims again.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_take_over(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    if (ctx->takes++ >= 3) {
+        /* raced three times: somebody else is at it */
+        return ngx_http_idempotency_reject(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_CONFLICT,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
+    }
+
+    op = ngx_http_idempotency_claim_op(r, ctx,
+                                       ngx_http_idempotency_take_done);
+    if (op == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    op->zone = ctx->conf->metrics_zone;
+
+    if (ngx_http_idempotency_take_command(op, &ctx->rkey, ctx->seen,
+                                          ctx->claim,
+                                          ctx->conf->lock_ttl + ctx->conf->ttl)
+        != NGX_OK)
+    {
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+        return ngx_http_idempotency_act(r, ctx);
+    }
+
+    ctx->op = op;
+    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
+
+    ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_uint_t                   took;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    r = op->request;
+    took = (reply && reply->type == REDIS_REPLY_INTEGER
+            && reply->integer == 1);
+
+    if (r == NULL) {
+        if (op->release_lost && (reply == NULL || took)) {
+            ngx_http_idempotency_release_orphan(op);
+        }
+
+        return;
+    }
+
+    ctx = op->ctx;
+    ctx->op = NULL;
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    if (took) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: outcome unknown for key hash %*s, taken "
+                      "over by this request (idempotency_on_unknown %s)",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      ngx_http_idempotency_key_hash(ctx),
+                      ctx->conf->on_unknown
+                      == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD
+                      ? "forward" : "release");
+
+        ctx->previous_unknown = (ctx->conf->on_unknown
+                                 == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_OWNER;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    } else if (reply && reply->type == REDIS_REPLY_INTEGER) {
+        /* the record changed since it was read: read it again */
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
+
+    } else {
+        if (reply == NULL) {
+            ngx_http_idempotency_release_orphan(op);
+
+        } else {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "idempotency: redis \"%V\" error: %*s",
+                          &ctx->redis->name, (size_t) reply->len,
+                          reply->str);
+        }
+
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+    }
+
+    ngx_http_idempotency_wake(r);
+}
+
+
+/*
+ * keep: the first request that finds a dead owner's lease writes down what
+ * is known, an unknown outcome (the owner's own bytes stay, so a late store
+ * of a live but cut-off owner still lands).  Its answer does not wait.
+ */
+
+static void
+ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char                      value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    ngx_http_idempotency_op_t  *op;
+
+    if (ctx->conf->dry_run) {
+        return;
+    }
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return;
+    }
+
+    op->handler = ngx_http_idempotency_owner_lost_done;
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+    op->info_len = ngx_http_idempotency_request_info(ctx, op->info) - op->info;
+
+    ngx_memcpy(value, ctx->seen, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    ngx_http_idempotency_lease_unknown(value, ctx->seen, NGX_HTTP_BAD_GATEWAY,
+                                       NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
+
+    (void) ngx_http_idempotency_take_command(op, &ctx->rkey, ctx->seen, value,
+                                             ctx->conf->ttl);
+}
+
+
+static void
+ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t  info;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER
+        || reply->integer != 1)
+    {
+        /* another request wrote it first, or it is read again next time */
+        return;
+    }
+
+    info.data = op->info;
+    info.len = op->info_len;
+
+    ngx_http_idempotency_metrics_unknown(
+                                       NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
+
+    ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
+                  "idempotency: outcome unknown: the claim's owner went away "
+                  "(its lease expired) after the request may have run; "
+                  "retries get outcome-unknown, %V", &info);
+}
+
+
+/* take: KEYS[1], ARGV[1] the value read, ARGV[2] the new one, ARGV[3] ms */
+
+static ngx_int_t
+ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl)
+{
+    u_char       px[NGX_INT_T_LEN];
+    size_t       argvlen[7];
+    const char  *argv[7];
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_take_script.data;
+    argvlen[1] = ngx_http_idempotency_take_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) seen;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[5] = (const char *) value;
+    argvlen[5] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[6] = (const char *) px;
+    argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
+
+    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+}
+
+
+/* forward: the upstream learns that this key may have run before */
+
+static ngx_int_t
+ngx_http_idempotency_previous_outcome(ngx_http_request_t *r)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_in.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_str_set(&h->key, "Idempotency-Previous-Outcome");
+    ngx_str_set(&h->value, "unknown");
+    h->lowcase_key = (u_char *) "idempotency-previous-outcome";
+    h->hash = ngx_hash_key(h->lowcase_key, h->key.len);
+
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+    return NGX_OK;
 }
 
 
@@ -717,9 +1034,38 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         /* the not_modified filter runs above ours: never store a 304 */
         r->disable_not_modified = 1;
 
+        if (ctx->previous_unknown
+            && ngx_http_idempotency_previous_outcome(r) != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
         ngx_http_idempotency_keep_upstream(r, ctx);
+        ngx_http_idempotency_outcome_start(r, ctx);
+        ngx_http_idempotency_lease_start(r, ctx);
 
         return NGX_DECLINED;
+
+    case NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN:
+
+        if (conf->on_unknown != NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP
+            && !conf->dry_run)
+        {
+            return ngx_http_idempotency_take_over(r, ctx);
+        }
+
+        if (ctx->expired) {
+            ngx_http_idempotency_owner_lost(r, ctx);
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: outcome unknown for key hash %*s, "
+                      "answered %ui", (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      ngx_http_idempotency_key_hash(ctx), ctx->unknown_status);
+
+        return ngx_http_idempotency_reject(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_UNKNOWN,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN);
 
     case NGX_HTTP_IDEMPOTENCY_GO_REPLAY:
         ctx->status = NGX_HTTP_IDEMPOTENCY_REPLAY;
@@ -753,6 +1099,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
                 delay = ngx_min(delay, (ngx_msec_t) left);
 
+                ctx->status = NGX_HTTP_IDEMPOTENCY_CONFLICT;
                 ctx->state = NGX_HTTP_IDEMPOTENCY_ST_POLLING;
                 ngx_http_idempotency_suspend(r, ctx, delay);
 
@@ -801,7 +1148,8 @@ ngx_http_idempotency_reject(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    return ngx_http_idempotency_send_problem(r, ctx->conf, problem);
+    return ngx_http_idempotency_send_problem(r, ctx->conf, problem,
+                                             ctx->unknown_status);
 }
 
 
@@ -850,9 +1198,15 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
         return;
     }
 
-    /* the reply will still come, or not: it finds no request */
+    /*
+     * The reply will still come, or not: it finds no request, and releases
+     * a claim that landed, unless the request now runs unprotected.
+     */
 
     if (ctx->op) {
+        ctx->op->release_lost =
+            ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
+            && !ctx->conf->dry_run;
         ctx->op->request = NULL;
         ctx->op = NULL;
     }
@@ -898,47 +1252,27 @@ ngx_http_idempotency_cleanup(void *data)
 {
     ngx_http_idempotency_ctx_t *ctx = data;
 
-    ngx_str_t             info;
-    ngx_http_request_t   *r;
-    ngx_http_upstream_t  *u;
-    u_char                buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+    ngx_http_request_t  *r;
 
     r = ctx->request;
 
     ngx_http_idempotency_abandon(ctx);
     ngx_http_idempotency_fingerprint_free(ctx);
     ngx_http_idempotency_keep_done(r, ctx);
+    ngx_http_idempotency_lease_stop(ctx);
 
     if (!ctx->owner || ctx->finished) {
         return;
     }
 
     /*
-     * The owner ends without a stored response.  If its client failed
-     * (went away, stalled until send_timeout, the worker shut down) after
-     * the upstream got the request, the operation may have run: keep the
-     * claim, 409 until idempotency_lock_ttl, rather than risk running it
-     * twice.  A failure of the upstream or of nginx releases it, so that
-     * a retry executes.
+     * The owner ends without a stored response (the upstream timed out or
+     * reset after it got the request, the client went away and the
+     * capture could not finish, the worker shut down): if the operation
+     * may have run, its outcome is unknown; else the claim is released.
      */
 
-    u = r->upstream;
-
-    if ((r->connection->error || r->connection->timedout)
-        && u && u->request_sent)
-    {
-        info.data = buf;
-        info.len = ngx_http_idempotency_request_info(ctx, buf) - buf;
-
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the request ended before its response "
-                      "was stored, after it was sent upstream; the key "
-                      "stays claimed until idempotency_lock_ttl, %V", &info);
-        ctx->finished = 1;
-        return;
-    }
-
-    ngx_http_idempotency_release(r, ctx);
+    ngx_http_idempotency_give_up(r, ctx);
 }
 
 

@@ -75,15 +75,25 @@ ngx_http_idempotency_hash_done(void)
 }
 
 
+/*
+ * The owner part of a claim's token: the worker's random seed, moved by a
+ * sequence number, unique in the worker and as unlikely as a random 64-bit
+ * number to meet another worker's; the lease follows (lease.c)
+ */
+
 void
 ngx_http_idempotency_new_token(u_char *token)
 {
-    uint64_t  seq;
+    uint64_t    seq;
+    ngx_uint_t  i;
 
     seq = ++ngx_http_idempotency_token_seq;
 
-    ngx_memcpy(token, ngx_http_idempotency_token_seed, 8);
-    ngx_memcpy(token + 8, &seq, 8);
+    for (i = 0; i < 8; i++) {
+        token[i] = ngx_http_idempotency_token_seed[i] ^ (u_char) (seq >> 8 * i);
+    }
+
+    ngx_memzero(token + 8, NGX_HTTP_IDEMPOTENCY_TOKEN_LEN - 8);
 }
 
 

@@ -36,8 +36,8 @@
 #define NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN                               \
     (NGX_SOCKADDR_STRLEN + NGX_HTTP_IDEMPOTENCY_METRICS_NAME_MAX)
 
-/* the values of $idempotency_status, bypass to error */
-#define NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES  8
+/* the values of $idempotency_status, bypass to unknown */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES  9
 #define NGX_HTTP_IDEMPOTENCY_METRICS_RESULTS   4
 #define NGX_HTTP_IDEMPOTENCY_METRICS_COUNTS                                   \
     (NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES                                    \
@@ -86,6 +86,8 @@ typedef struct {
 
 typedef struct {
     ngx_atomic_t         claims_lost;
+    /* records that became unknown outcomes, by cause (1 to 3) */
+    ngx_atomic_t         unknown[NGX_HTTP_IDEMPOTENCY_CAUSES];
     /* claim round trips per bucket (not cumulative), the last above 1s */
     ngx_atomic_t         latency[NGX_HTTP_IDEMPOTENCY_METRICS_LE];
     ngx_atomic_t         latency_usec;
@@ -796,7 +798,18 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
             "# HELP nginx_idempotency_claims_lost_total Stores or releases "
             "that found the claim gone: an operation may have run twice.\n"
             "# TYPE nginx_idempotency_claims_lost_total counter\n"
-            "nginx_idempotency_claims_lost_total %uA\n", sh->claims_lost);
+            "nginx_idempotency_claims_lost_total %uA\n"
+            "# HELP nginx_idempotency_outcomes_unknown_total Records that "
+            "became unknown outcomes: the request may have run and no "
+            "response was stored.\n"
+            "# TYPE nginx_idempotency_outcomes_unknown_total counter\n"
+            "nginx_idempotency_outcomes_unknown_total{cause=\"upstream\"} "
+            "%uA\n"
+            "nginx_idempotency_outcomes_unknown_total{cause=\"owner_lost\"} "
+            "%uA\n"
+            "nginx_idempotency_outcomes_unknown_total{cause=\"store_lost\"} "
+            "%uA\n", sh->claims_lost, sh->unknown[0], sh->unknown[1],
+            sh->unknown[2]);
 
     rp = imcf->servers.elts;
     n = ngx_min(imcf->servers.nelts, NGX_HTTP_IDEMPOTENCY_METRICS_REDIS);
@@ -942,6 +955,23 @@ ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
 {
     op->zone = ngx_http_idempotency_metrics_next_zone;
     op->too_large = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
+
+    /* an unknown outcome: a claim-shaped record, its cause in the token */
+    op->cause = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
+                ? value[NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2] : 0;
+}
+
+
+void
+ngx_http_idempotency_metrics_unknown(ngx_uint_t cause)
+{
+    ngx_http_idempotency_metrics_conf_t  *mcf;
+
+    mcf = ngx_http_idempotency_metrics_get_conf();
+
+    if (mcf && cause >= 1 && cause <= NGX_HTTP_IDEMPOTENCY_CAUSES) {
+        (void) ngx_atomic_fetch_add(&mcf->sh->unknown[cause - 1], 1);
+    }
 }
 
 
@@ -973,6 +1003,11 @@ ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
         if (mcf) {
             (void) ngx_atomic_fetch_add(&mcf->sh->claims_lost, 1);
         }
+
+    } else if (op->cause) {
+        /* not a store: what is known is that nothing is known */
+        ngx_http_idempotency_metrics_unknown(op->cause);
+        return;
 
     } else if (!op->store) {
         result = NGX_HTTP_IDEMPOTENCY_STORE_RELEASED;

@@ -20,7 +20,6 @@ static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
 static void ngx_http_idempotency_warn(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf);
-static ngx_msec_t ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf);
 static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -63,6 +62,14 @@ static ngx_conf_bitmask_t  ngx_http_idempotency_methods_mask[] = {
 static ngx_conf_enum_t  ngx_http_idempotency_on_error[] = {
     { ngx_string("reject"), NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT },
     { ngx_string("pass"), NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_enum_t  ngx_http_idempotency_on_unknown_values[] = {
+    { ngx_string("keep"), NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP },
+    { ngx_string("forward"), NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD },
+    { ngx_string("release"), NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_RELEASE },
     { ngx_null_string, 0 }
 };
 
@@ -208,6 +215,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
       &ngx_http_idempotency_on_error },
 
+    { ngx_string("idempotency_on_unknown"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, on_unknown),
+      &ngx_http_idempotency_on_unknown_values },
+
     /* wait.c */
 
     { ngx_string("idempotency_redis_wait"),
@@ -327,7 +341,8 @@ ngx_str_t  ngx_http_idempotency_status_names[] = {
     ngx_string("mismatch"),
     ngx_string("invalid"),
     ngx_string("missing"),
-    ngx_string("error")
+    ngx_string("error"),
+    ngx_string("unknown")
 };
 
 
@@ -495,6 +510,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->pass_headers = NGX_CONF_UNSET_PTR;
     conf->metrics_zone = NGX_CONF_UNSET_UINT;
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
+    conf->on_unknown = NGX_CONF_UNSET_UINT;
     conf->dry_run = NGX_CONF_UNSET;
     conf->tls_verify = NGX_CONF_UNSET;
     conf->redis_wait = NGX_CONF_UNSET_UINT;
@@ -540,6 +556,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_uint_value(conf->metrics_zone, prev->metrics_zone, 0);
     ngx_conf_merge_uint_value(conf->on_redis_error, prev->on_redis_error,
                               NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT);
+    ngx_conf_merge_uint_value(conf->on_unknown, prev->on_unknown,
+                              NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP);
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
     ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
@@ -609,6 +627,12 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
  * nginx -t warnings, once per location: not for http{} and server{}, whose
  * settings the locations inherit, nor for "if" and "limit_except" blocks,
  * which cannot set these directives.  They name the location's own line.
+ *
+ * An upstream slower than idempotency_lock_ttl keeps its claim (the lease
+ * is renewed every third of it), so the lock no longer has to outlast
+ * proxy_read_timeout.  What still matters: a renewal that waits
+ * idempotency_redis_timeout must land before the lease ends, or a live
+ * owner's key reads as an unknown outcome.
  */
 
 static void
@@ -616,9 +640,9 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf)
 {
     u_char                     lock[NGX_INT64_LEN + 2];
-    u_char                     read[NGX_INT64_LEN + 2];
-    size_t                     lock_len, read_len;
-    ngx_msec_t                 timeout;
+    u_char                     redis[NGX_INT64_LEN + 2];
+    size_t                     lock_len, redis_len;
+    ngx_uint_t                 slow;
     ngx_conf_file_t            file, *saved;
     ngx_http_core_loc_conf_t  *clcf;
 
@@ -628,18 +652,9 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
         return;
     }
 
-    /*
-     * the location's proxy_read_timeout, inherited or default even where
-     * it does not proxy: which handler a location has is not public
-     */
+    slow = (conf->lock_ttl < 3 * conf->redis_timeout);
 
-    timeout = ngx_http_idempotency_proxy_read_timeout(cf);
-
-    if (timeout != NGX_CONF_UNSET_MSEC && conf->lock_ttl > timeout) {
-        timeout = NGX_CONF_UNSET_MSEC;
-    }
-
-    if (!conf->redis_default && timeout == NGX_CONF_UNSET_MSEC) {
+    if (!conf->redis_default && !slow) {
         return;
     }
 
@@ -659,75 +674,22 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
                            "%V", &clcf->name, &conf->redis->name);
     }
 
-    if (timeout != NGX_CONF_UNSET_MSEC) {
+    if (slow) {
         lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
-        read_len = ngx_http_idempotency_msec_text(read, timeout);
+        redis_len = ngx_http_idempotency_msec_text(redis,
+                                                   conf->redis_timeout);
 
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                           "\"idempotency_lock_ttl\" %*s is not longer than "
-                           "\"proxy_read_timeout\" %*s in location \"%V\": "
-                           "a claim can expire while the upstream still "
-                           "works, and a retry would then run the request "
-                           "again", lock_len, lock, read_len, read,
+                           "\"idempotency_lock_ttl\" %*s is shorter than "
+                           "three times \"idempotency_redis_timeout\" %*s "
+                           "in location \"%V\": a slow renewal can land "
+                           "after the lease ended, and a retry is then told "
+                           "the outcome is unknown while the request still "
+                           "runs", lock_len, lock, redis_len, redis,
                            &clcf->name);
     }
 
     cf->conf_file = saved;
-}
-
-
-/*
- * The proxy module's configuration is private: its proxy_read_timeout is
- * read through the public command table, at the command's own offset.
- * Its merge ran before ours (static modules come first), so the value is
- * final.  NGX_CONF_UNSET_MSEC when it cannot be known.
- */
-
-static ngx_msec_t
-ngx_http_idempotency_proxy_read_timeout(ngx_conf_t *cf)
-{
-    char                 *p;
-    ngx_uint_t            i;
-    ngx_module_t         *m;
-    ngx_command_t        *cmd;
-    ngx_http_conf_ctx_t  *ctx;
-
-    static ngx_str_t  name = ngx_string("proxy_read_timeout");
-
-    ctx = cf->ctx;
-
-    for (i = 0; cf->cycle->modules[i]; i++) {
-        m = cf->cycle->modules[i];
-
-        if (m->type != NGX_HTTP_MODULE
-            || ngx_strcmp(m->name, "ngx_http_proxy_module") != 0)
-        {
-            continue;
-        }
-
-        if (m->index > ngx_http_idempotency_module.index
-            || m->commands == NULL)
-        {
-            return NGX_CONF_UNSET_MSEC;
-        }
-
-        for (cmd = m->commands; cmd->name.len; cmd++) {
-            if (cmd->name.len == name.len
-                && ngx_strncmp(cmd->name.data, name.data, name.len) == 0
-                && cmd->set == ngx_conf_set_msec_slot
-                && cmd->conf == NGX_HTTP_LOC_CONF_OFFSET)
-            {
-                p = ctx->loc_conf[m->ctx_index];
-
-                return p ? *(ngx_msec_t *) (p + cmd->offset)
-                         : NGX_CONF_UNSET_MSEC;
-            }
-        }
-
-        return NGX_CONF_UNSET_MSEC;
-    }
-
-    return NGX_CONF_UNSET_MSEC;
 }
 
 
@@ -1261,9 +1223,10 @@ ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
 
 
 /*
- * Default policy: 2xx 3xx 4xx except 408, 425, 429; those, and every 5xx,
- * are stored only when listed explicitly.  206 and 304 depend on the
- * client's request headers and are never stored.
+ * Default policy: 2xx 3xx 4xx 5xx except 408, 425, 429 and 503, the
+ * answers that say "nothing happened, try later"; those are stored only
+ * when listed explicitly.  206 and 304 depend on the client's request
+ * headers and are never stored.
  */
 
 ngx_uint_t
@@ -1282,11 +1245,14 @@ ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
     cls = status / 100;
 
     if (conf->store_status == NULL) {
-        if (status == 408 || status == 425 || status == 429) {
+        /* an upstream's 500 after it may have committed is an answer */
+        if (status == 408 || status == 425 || status == 429
+            || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+        {
             return 0;
         }
 
-        return cls >= 2 && cls <= 4;
+        return cls >= 2 && cls <= 5;
     }
 
     codes = conf->store_status->elts;
@@ -1297,7 +1263,10 @@ ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
         }
     }
 
-    if (status == 408 || status == 425 || status == 429) {
+    /* "nothing happened, try later": only when named */
+    if (status == 408 || status == 425 || status == 429
+        || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    {
         return 0;
     }
 
@@ -1402,6 +1371,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
         }
     }
 
+    ngx_http_idempotency_retry_exit();
     ngx_http_idempotency_ops_done();
     ngx_http_idempotency_hash_done();
 }

@@ -52,6 +52,36 @@
 #define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
 
+/*
+ * Format 2 claims (lease.c): the token is owner[8] | 0xC1 | kind | word[6];
+ * a lease holds its deadline, an unknown outcome its status and cause.  The
+ * first OWNER_LEN bytes of a claim name its owner.
+ */
+#define NGX_HTTP_IDEMPOTENCY_OWNER_LEN                                        \
+    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + 8)
+#define NGX_HTTP_IDEMPOTENCY_LEASE_MARK     0xC1
+
+#define NGX_HTTP_IDEMPOTENCY_LEASE_OLD      0   /* format 1: a plain lock */
+#define NGX_HTTP_IDEMPOTENCY_LEASE_LIVE     1
+#define NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED  2
+#define NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN  3
+
+/* why a record became unknown: nginx_idempotency_outcomes_unknown_total */
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM    1
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST  2
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_STORE_LOST  3
+#define NGX_HTTP_IDEMPOTENCY_CAUSES            3
+
+/* what the owner's upstream did (outcome.c) */
+#define NGX_HTTP_IDEMPOTENCY_OUT_NONE       0   /* no upstream: own answer */
+#define NGX_HTTP_IDEMPOTENCY_OUT_NOT_SENT   1   /* never reached: nothing ran */
+#define NGX_HTTP_IDEMPOTENCY_OUT_SENT       2   /* may have run, no header */
+#define NGX_HTTP_IDEMPOTENCY_OUT_ANSWERED   3   /* a response header came */
+
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP     0
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD  1
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_RELEASE  2
+
 
 /* $idempotency_status values */
 typedef enum {
@@ -62,7 +92,8 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_INVALID,
     NGX_HTTP_IDEMPOTENCY_MISSING,
-    NGX_HTTP_IDEMPOTENCY_ERROR
+    NGX_HTTP_IDEMPOTENCY_ERROR,
+    NGX_HTTP_IDEMPOTENCY_UNKNOWN
 } ngx_http_idempotency_status_e;
 
 
@@ -85,7 +116,9 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_GO_CONFLICT,
     NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
-    NGX_HTTP_IDEMPOTENCY_GO_ERROR
+    NGX_HTTP_IDEMPOTENCY_GO_ERROR,
+    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN,     /* may have run: on_unknown */
+    NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER    /* take(): sent, not answered */
 } ngx_http_idempotency_go_e;
 
 
@@ -106,6 +139,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_BODY
 } ngx_http_idempotency_problem_e;
 
@@ -262,6 +296,7 @@ typedef struct {
     ngx_uint_t                       on_redis_error;
     ngx_str_t                        problem_base_uri;
     ngx_flag_t                       dry_run;
+    ngx_uint_t                       on_unknown;
 
     /* wait.c: WAIT after a claim and a store; 0: off */
     ngx_uint_t                       redis_wait;
@@ -335,6 +370,19 @@ struct ngx_http_idempotency_ctx_s {
     void                            *notify;     /* notify.c: a waiter */
     ngx_uint_t                       notify_epoch;   /* of the last claim */
 
+    /* lease.c: the owner's renewals */
+    ngx_event_t                      lease;
+    ngx_msec_t                       lease_end;  /* as Redis holds it */
+    ngx_http_idempotency_op_t       *renew_op;
+
+    /* outcome.c: upstream attempts before the claim are not the owner's */
+    ngx_uint_t                       states_from;
+
+    /* an unknown outcome read, and the record to take over under forward */
+    ngx_uint_t                       unknown_status;
+    ngx_uint_t                       takes;
+    u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
     ngx_http_idempotency_record_t    record;
     ngx_http_idempotency_capture_t   capture;
 
@@ -344,11 +392,26 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         finished:1;
     unsigned                         header_seen:1;
     unsigned                         gone:1;     /* the client went away */
+    unsigned                         expired:1;  /* seen: a dead owner's */
+    unsigned                         previous_unknown:1;
 };
 
 
 typedef void (*ngx_http_idempotency_reply_pt)(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+
+
+/* a store, an unknown outcome or a release: what finish_key() sends */
+typedef struct {
+    ngx_str_t                        rkey;
+    u_char                          *claim;
+    u_char                          *value;      /* NULL: release */
+    size_t                           len;
+    ngx_msec_t                       ttl;
+    ngx_msec_t                       lease_end;  /* sent again until then */
+    ngx_str_t                       *info;       /* for the log, or NULL */
+    unsigned                         orphan:1;   /* a lost claim's release */
+} ngx_http_idempotency_finish_t;
 
 
 /* hiredis privdata: lives outside r->pool so late replies are harmless */
@@ -363,6 +426,13 @@ struct ngx_http_idempotency_op_s {
     unsigned                         store:1;
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;
+    unsigned                         orphan:1;   /* a lost claim's release */
+    unsigned                         release_lost:1; /* claim: if lost */
+    unsigned                         cause:2;    /* finish: unknown, why */
+
+    /* retry.c: a finish is sent again until acknowledged or until then */
+    ngx_msec_t                       lease_end;
+    ngx_msec_t                       retry_backoff;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                           info_len;
@@ -421,7 +491,8 @@ void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
 
 /* reply.c */
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem);
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
+    ngx_uint_t status);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     ngx_http_idempotency_record_t *rec);
 
@@ -473,8 +544,14 @@ void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
 void ngx_http_idempotency_release(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
-    ngx_str_t *rkey, u_char *claim, u_char *value, size_t len,
-    ngx_msec_t ttl, ngx_str_t *info, ngx_log_t *log);
+    ngx_http_idempotency_finish_t *f, ngx_log_t *log);
+
+/* retry.c: finishes sent again until acknowledged or their lease ends */
+ngx_int_t ngx_http_idempotency_retry(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+void ngx_http_idempotency_retry_exit(void);
 u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
     u_char *buf);
 
@@ -588,6 +665,27 @@ ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
 
+/* lease.c: the owner's lease inside its claim */
+extern ngx_str_t  ngx_http_idempotency_renew_script;
+uint64_t ngx_http_idempotency_epoch_msec(void);
+void ngx_http_idempotency_lease_set(u_char *claim, ngx_msec_t lock_ttl);
+void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
+    ngx_uint_t status, ngx_uint_t cause);
+ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status);
+void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx);
+
+/* outcome.c: what is known of the owner's execution */
+void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_uint_t ngx_http_idempotency_outcome(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t *status);
+void ngx_http_idempotency_unknown(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status);
+void ngx_http_idempotency_give_up(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
 /* abort.c */
 void ngx_http_idempotency_keep_upstream(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -615,6 +713,7 @@ void ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
 void ngx_http_idempotency_metrics_store_failed(void);
 void ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_redis_up(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_metrics_redis_down(
@@ -653,6 +752,7 @@ void ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis);
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
 extern ngx_str_t  ngx_http_idempotency_finish_script;
+extern ngx_str_t  ngx_http_idempotency_take_script;
 extern u_char     ngx_http_idempotency_claim_sha[41];
 extern u_char     ngx_http_idempotency_finish_sha[41];
 ngx_int_t ngx_http_idempotency_script_init(void);

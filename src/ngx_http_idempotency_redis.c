@@ -556,6 +556,14 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->asking = 0;
     op->again = 0;
     op->sha = 0;
+    op->orphan = 0;
+    op->release_lost = 0;
+    op->cause = 0;
+    op->lease_end = 0;
+    op->retry_backoff = 0;
+    op->info_len = 0;
+    op->zone = 0;
+    op->too_large = 0;
 
     return op;
 }

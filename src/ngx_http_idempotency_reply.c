@@ -62,8 +62,21 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       ngx_string("store-unavailable"),
       ngx_string("The idempotency store is unavailable"),
       ngx_string("The request was not executed. Retry later with the same "
-                 "key.") }
+                 "key.") },
+
+    /* the status is the one the first request's nginx saw: 502 or 504 */
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_string("outcome-unknown"),
+      ngx_string("The outcome of the request with this Idempotency-Key is "
+                 "unknown"),
+      ngx_string("The first request with this key reached the server, but "
+                 "no response came back: it may or may not have been "
+                 "executed. Retrying cannot tell; check the state of the "
+                 "operation instead.") }
 };
+
+
+static ngx_int_t ngx_http_idempotency_final(ngx_http_request_t *r);
 
 
 static ngx_str_t  ngx_http_idempotency_problem_type =
@@ -72,11 +85,13 @@ static ngx_str_t  ngx_http_idempotency_problem_type =
 
 ngx_int_t
 ngx_http_idempotency_send_problem(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
+    ngx_uint_t unknown_status)
 {
     u_char                          *body, *p;
     size_t                           len;
     uintptr_t                        escape;
+    ngx_uint_t                       status;
     ngx_str_t                        name, value;
     ngx_http_idempotency_problem_t  *pr;
 
@@ -86,6 +101,13 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     static ngx_str_t  no_store = ngx_string("no-store");
 
     pr = &ngx_http_idempotency_problems[problem];
+    status = pr->status;
+
+    if (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
+        && unknown_status == NGX_HTTP_GATEWAY_TIME_OUT)
+    {
+        status = NGX_HTTP_GATEWAY_TIME_OUT;
+    }
 
     if (ngx_http_discard_request_body(r) != NGX_OK) {
         r->keepalive = 0;
@@ -119,9 +141,9 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 
     p = ngx_sprintf(p, "\",\"title\":\"%V\",\"status\":%ui,"
                     "\"detail\":\"%V\",\"code\":\"%V\"}\n",
-                    &pr->title, pr->status, &pr->detail, &pr->name);
+                    &pr->title, status, &pr->detail, &pr->name);
 
-    r->headers_out.status = pr->status;
+    r->headers_out.status = status;
 
     if (pr->status == 422) {
         /* nginx 1.22 has no reason phrase for 422 */
@@ -152,6 +174,12 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     value = no_store;
 
     if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
+        && ngx_http_idempotency_final(r) != NGX_OK)
+    {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -254,7 +282,43 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    /* a replayed 409, 429 or 5xx would be retried by SDKs, in vain */
+
+    if ((rec->status == NGX_HTTP_CONFLICT || rec->status == 429
+         || rec->status >= NGX_HTTP_INTERNAL_SERVER_ERROR)
+        && ngx_http_idempotency_final(r) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
     return ngx_http_idempotency_send(r, rec->body, rec->body_len);
+}
+
+
+/*
+ * The hints that Stripe's and the Stainless-generated client libraries
+ * obey: retrying cannot change this answer.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_final(ngx_http_request_t *r)
+{
+    ngx_str_t  name, value;
+
+    static ngx_str_t  x_should_retry = ngx_string("x-should-retry");
+    static ngx_str_t  stripe_should_retry = ngx_string("Stripe-Should-Retry");
+    static ngx_str_t  no = ngx_string("false");
+
+    name = x_should_retry;
+    value = no;
+
+    if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    name = stripe_should_retry;
+
+    return ngx_http_idempotency_add_header(r, &name, &value, NULL);
 }
 
 

@@ -26,9 +26,11 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
 /*
  * finish: KEYS[1] record key, ARGV[1] our claim record, ARGV[2] the final
  * record (empty: release), ARGV[3] ttl (ms).  Only the owner of the claim
- * may finish it: after lock_ttl another request may own the key.  A store
- * sent again after a lost connection finds its own record (the head holds
- * our token, in a state other than claim): done.
+ * may finish it, whatever its lease says now: the first 45 bytes (magic,
+ * state, fingerprint, owner) are compared, not the lease that renewals
+ * rewrite.  After a take-over another request owns the key.  A store sent
+ * again after a lost connection finds its own record (the head holds our
+ * token, in a state other than claim, or our unknown outcome): done.
  *
  * A large record comes staged: KEYS[2] holds it (SET just before, on the
  * same connection and slot), ARGV[2] is its head only.  RENAME moves it
@@ -44,7 +46,7 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
 ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
     "local h = redis.call('GETRANGE', KEYS[1], 0, 52)\n"
     "local s = KEYS[2]\n"
-    "if h ~= ARGV[1] then\n"
+    "if string.sub(h, 1, 45) ~= string.sub(ARGV[1], 1, 45) then\n"
     "  if s then redis.call('DEL', s) end\n"
     "  if ARGV[2] ~= '' and h == string.sub(ARGV[2], 1, 53) then\n"
     "    return 1\n"
@@ -64,6 +66,22 @@ ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
     "end\n"
     "redis.pcall('SPUBLISH', KEYS[1], ARGV[2] == '' and 'r' or 's')\n"
     "return 1\n"
+);
+
+
+/*
+ * take: KEYS[1] record key, ARGV[1] the whole record this request read (an
+ * unknown outcome, or a lease past its deadline), ARGV[2] its replacement,
+ * ARGV[3] ttl (ms).  Compare-and-set on the whole value: a renewal that
+ * came in between changed the deadline, and the owner keeps its claim.
+ */
+
+ngx_str_t  ngx_http_idempotency_take_script = ngx_string(
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+    "  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n"
+    "  return 1\n"
+    "end\n"
+    "return 0\n"
 );
 
 

@@ -9,7 +9,8 @@ run_tests();
 
 __DATA__
 
-=== TEST 1: a 500 is not stored: the claim is released and a retry runs again
+=== TEST 1: an upstream's 500 is an answer: stored and replayed as final
+(it may have committed before it failed)
 --- config
     location = /pay {
         idempotency on;
@@ -26,6 +27,33 @@ Idempotency-Key: store-1
 ["POST /pay\nx", "POST /pay\nx"]
 --- error_code eval
 [500, 500]
+--- response_headers eval
+["X-Idem: new", "X-Idem: replay\nx-should-retry: false\nStripe-Should-Retry: false"]
+--- response_body eval
+["boom\n", "boom\n"]
+--- grep_error_log eval: qr/BACKEND-EXEC \S+/
+--- grep_error_log_out eval
+qr/\A(?:BACKEND-EXEC \/backend\n)?\z/
+
+
+
+=== TEST 1b: a 503 says nothing happened: released, and a retry runs again
+--- config
+    location = /pay {
+        idempotency on;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        access_log logs/error.log backend;
+        return 503 "later\n";
+    }
+--- more_headers
+Idempotency-Key: store-1b
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[503, 503]
 --- response_headers eval
 ["X-Idem: new", "X-Idem: new"]
 --- grep_error_log eval: qr/BACKEND-EXEC \S+/

@@ -130,18 +130,29 @@ ok($ok, "defaults and an explicit address (the default one, written out)");
 unlike($out, qr/\[warn\]|idempotency/, "...nginx -t says nothing of the module")
     or diag $out;
 
+# leases are renewed, so the lock no longer has to outlast the upstream:
+# proxy_read_timeout is not compared any more; a renewal that can take
+# idempotency_redis_timeout must land before the lease ends
+
 ($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
-                      . "            proxy_read_timeout 2m;");
-ok($ok, "proxy_read_timeout as long as idempotency_lock_ttl is accepted");
-like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 120s in location "\/": .*$at:8$/m,
+                      . "            proxy_read_timeout 10m;");
+ok($ok && warnings($out) == 0,
+   "proxy_read_timeout longer than idempotency_lock_ttl: no warning")
+    or diag $out;
+
+($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
+                      . "            idempotency_lock_ttl 2s;\n"
+                      . "            idempotency_redis_timeout 1s;");
+ok($ok, "a lock shorter than three Redis timeouts is accepted");
+like($out, qr/$warn"idempotency_lock_ttl" 2s is shorter than three times "idempotency_redis_timeout" 1s in location "\/": .*$at:8$/m,
      "...with a warning that names both values and the location's line")
     or diag $out;
 is(warnings($out), 1, "...once") or diag $out;
 
 ($ok, $out) = nginx_t("            idempotency on;\n$redis\n"
                       . "            idempotency_lock_ttl 1500ms;");
-like($out, qr/$warn"idempotency_lock_ttl" 1500ms is not longer than "proxy_read_timeout" 60s in location "\/"/,
-     "a lock_ttl below the default proxy_read_timeout warns") or diag $out;
+like($out, qr/$warn"idempotency_lock_ttl" 1500ms is shorter than three times "idempotency_redis_timeout" 1s in location "\/"/,
+     "a lock_ttl below three default Redis timeouts warns") or diag $out;
 
 ($ok, $out) = nginx_t("            proxy_read_timeout 5m;\n"
                       . "            idempotency_lock_ttl 1s;");
@@ -152,7 +163,7 @@ ok($ok && warnings($out) == 0, "no warning where idempotency is off")
 # for the "if" inside /b, none for /off
 ($ok, $out) = nginx_t_http(<<'EOC');
     idempotency on;
-    proxy_read_timeout 3m;
+    idempotency_lock_ttl 2s;
     server {
         listen 127.0.0.1:19998;
         location /a {
@@ -170,7 +181,7 @@ for (['/a', 10], ['/b', 13], ['/b/c', 15]) {
     my ($loc, $line) = @$_;
     like($out, qr/$warn"idempotency" is on in location "\Q$loc\E" .*$at:$line$/m,
          "...the default address warning for $loc, at its line");
-    like($out, qr/$warn"idempotency_lock_ttl" 120s is not longer than "proxy_read_timeout" 180s in location "\Q$loc\E".*$at:$line$/m,
+    like($out, qr/$warn"idempotency_lock_ttl" 2s is shorter than three times "idempotency_redis_timeout" 1s in location "\Q$loc\E".*$at:$line$/m,
          "...the lock_ttl warning for $loc, at its line");
 }
 is(warnings($out), 6, "...and no other warning") or diag $out;

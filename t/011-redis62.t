@@ -178,7 +178,7 @@ my $timeout = 10 * $slow;
 
 # a parallel burst of one key executes once; an in-flight duplicate is 409
 {
-    my $before = executions();
+    my $before = settled(\&executions);
     my $key = "r62-burst-" . time();
     my $res = http_burst([ map { [$port, $key, 'burst'] } 1 .. 30 ],
                          $timeout);

@@ -84,7 +84,7 @@ sub edge_conf {
         access_log off;
         location /ok { echo "ok"; }
         location /slow { echo_sleep 1; echo "slow"; }
-        location /fail { return 500 "failed\\n"; }
+        location /fail { return 503 "failed\\n"; }
     }
 EOC
 }
@@ -194,7 +194,7 @@ is(post(undef, 'x')->{status}, 200, "a POST without a key is a bypass");
 is(post("other-$t", 'x', '/other')->{status}, 200,
    "a location without idempotency is not counted");
 is(post("big-$t", 'x', '/big')->{status}, 200, "too large to store");
-is(post("fail-$t", 'x', '/fail')->{status}, 500, "a 500 is released");
+is(post("fail-$t", 'x', '/fail')->{status}, 503, "a 503 is released");
 
 # a claim that disappears while its request runs: the store finds it gone
 {

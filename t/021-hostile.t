@@ -128,7 +128,8 @@ for my $path ('/big', '/unbuffered/big') {
        "$path: the upstream ran once for the key");
 }
 
-# worker_shutdown_timeout ends the owner's request; the claim is kept
+# worker_shutdown_timeout ends the owner's request after it was sent: the
+# outcome is unknown, and so its retries are told
 {
     my $key = "$run-shutdown";
     my $pid = sub { (split ' ', `pgrep -P $_[0] -f 'worker process'`)[0] };
@@ -159,11 +160,12 @@ for my $path ('/big', '/unbuffered/big') {
         last if $r->{status} != 503;
         sleep 0.25;
     }
-    is($r->{status}, 409, "the key stays claimed after the shutdown");
+    is($r->{status}, 502, "after the shutdown the retry gets 502");
+    like($r->{body}, qr/"code":"outcome-unknown"/, "...outcome-unknown");
     is(executions('/sleepy'), 1, "the upstream ran once");
-    my ($line) = grep { /stays claimed/ } lines_of("$edge/logs/error.log");
-    like($line // '', qr/\[error\].*stays claimed until idempotency_lock_ttl, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, request: "POST \/sleepy HTTP\/1\.1"/,
-         "the kept claim is logged at error, with the key hash and request");
+    my ($line) = grep { /outcome unknown/ } lines_of("$edge/logs/error.log");
+    like($line // '', qr/\[error\].*outcome unknown: .* retries get outcome-unknown, key hash [0-9a-f]{64}, client: 127\.0\.0\.1, request: "POST \/sleepy HTTP\/1\.1"/,
+         "the unknown outcome is logged at error, with the key hash and request");
 
     # the same over HTTP/2: the stream's connection is the one closed
     SKIP: {

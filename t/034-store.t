@@ -74,7 +74,7 @@ $front
         listen 127.0.0.1:$be_port;
         access_log $root/store/logs/backend.log backend;
         location = /small { return 201 "ok\\n"; }
-        location = /fail { return 500 "no\\n"; }
+        location = /fail { return 503 "no\\n"; }
         location = /big { root $root/www; }
         location = /slow { echo_sleep 0.5; echo "slow"; }
         location = /slowbig { echo_sleep 0.5; echo_duplicate 307200 "x"; }
@@ -208,12 +208,12 @@ for my $case (['before', '/small', "ok\n"], ['after', '/small', "ok\n"],
 # which is no lost claim
 cut('after', 1, 'EVAL|EVALSHA');
 $r = http_post($cut_port, 'cut-release', 'x', '/fail', undef, 5);
-is($r->{status}, 500, "cut-release: a 500 is released");
+is($r->{status}, 503, "cut-release: a 503 is released");
 sleep 0.5 * $slow;
 is(error_lines(qr/claim was lost|went away before the record was released/),
    0, "cut-release: the release sent again is no lost claim");
 $r = http_post($cut_port, 'cut-release', 'x', '/fail', undef, 5);
-is(idem_status($r), '500 new', "cut-release: the key is free");
+is(idem_status($r), '503 new', "cut-release: the key is free");
 
 # 5. the documented ACL rules are enough for both forms of the store
 for my $case (['/small', "ok\n"], ['/big', $big]) {

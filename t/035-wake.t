@@ -46,7 +46,7 @@ my $dir = nginx_conf('wake', wake_server($port, "$root/wake", "127.0.0.1:$rp",
         location = /backend-fail {
             access_log $root/wake/logs/backend.log backend;
             echo_sleep 0.3;
-            echo_status 500;
+            echo_status 503;
             echo "failed";
         }
 EOC
@@ -125,7 +125,7 @@ diag(sprintf "per waiting duplicate: %.2f claims while waiting (%.2f in "
 # the others get its replay
 {
     my ($orig, @d) = round('wake-release', '-fail', \@at);
-    is("$orig->{status} $orig->{idem}", '500 new', "the original failed");
+    is("$orig->{status} $orig->{idem}", '503 new', "the original failed: 503, released");
     my @new = grep { "$_->{status} $_->{idem}" eq '200 new' } @d;
     my @rep = grep { "$_->{status} $_->{idem}" eq '200 replay' } @d;
     is(scalar @new, 1, "one waiter took the released claim");

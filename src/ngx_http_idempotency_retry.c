@@ -1,0 +1,389 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * A result is not lost while its owner lives.  A store, an unknown outcome
+ * or a release that Redis did not acknowledge (the connection broke, Redis
+ * stalled past its timeout, a failover, READONLY, TRYAGAIN during a slot
+ * migration, a failed ROLE check) is kept and sent again, with backoff,
+ * until Redis answers or the owner's lease ends.  The finish script is
+ * owner-checked and a resend of a store that landed finds its own record,
+ * so sending one twice is harmless.  Past the lease a duplicate reads the
+ * claim as an unknown outcome, never as a free key.
+ *
+ * The command is kept as it was formatted (RESP), and parsed back into its
+ * arguments to go through the client again, so that a cluster routes it to
+ * whichever node has the slot by then.  What is kept is bounded per worker.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_RETRY_FIRST   50
+#define NGX_HTTP_IDEMPOTENCY_RETRY_MAX     1000
+#define NGX_HTTP_IDEMPOTENCY_RETRY_ARGS    8
+
+#ifndef NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET
+#define NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET  (8 * 1024 * 1024)
+#endif
+
+
+typedef struct {
+    ngx_event_t                      ev;
+    ngx_queue_t                      queue;
+    u_char                          *buf;        /* the command, RESP */
+    size_t                           len;
+    ngx_msec_t                       backoff;
+    ngx_http_idempotency_op_t        op;         /* what the op carried */
+} ngx_http_idempotency_retry_t;
+
+
+static ngx_uint_t ngx_http_idempotency_retryable(redisReply *reply);
+static void ngx_http_idempotency_retry_handler(ngx_event_t *ev);
+static ngx_int_t ngx_http_idempotency_retry_parse(u_char *p, u_char *last,
+    int *argc, const char **argv, size_t *argvlen);
+static void ngx_http_idempotency_retry_free(ngx_http_idempotency_retry_t *rt);
+
+
+static size_t       ngx_http_idempotency_retry_bytes;
+static ngx_queue_t  ngx_http_idempotency_retries;
+static ngx_uint_t   ngx_http_idempotency_retries_init;
+
+
+/*
+ * Called by a finish's reply handler first: NGX_OK when the op was taken
+ * to be sent again (the handler then says nothing), NGX_DECLINED when the
+ * reply is final or the lease is over.
+ */
+
+ngx_int_t
+ngx_http_idempotency_retry(ngx_http_idempotency_op_t *op, redisReply *reply)
+{
+    ngx_msec_int_t                 left;
+    ngx_http_idempotency_retry_t  *rt;
+
+    if (reply && !ngx_http_idempotency_retryable(reply)) {
+        return NGX_DECLINED;
+    }
+
+    left = (ngx_msec_int_t) (op->lease_end - ngx_current_msec);
+
+    if (op->buf == NULL || op->lease_end == 0 || left <= 0
+        || op->redis->exiting || ngx_terminate)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_idempotency_retry_bytes + op->buf_len
+        > NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET)
+    {
+        ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
+                      "idempotency: %uz bytes of finishes wait to be sent "
+                      "again to redis \"%V\" already: this one is not kept",
+                      ngx_http_idempotency_retry_bytes, &op->redis->name);
+        return NGX_DECLINED;
+    }
+
+    rt = ngx_alloc(sizeof(ngx_http_idempotency_retry_t), op->redis->log);
+    if (rt == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (!ngx_http_idempotency_retries_init) {
+        ngx_queue_init(&ngx_http_idempotency_retries);
+        ngx_http_idempotency_retries_init = 1;
+    }
+
+    ngx_memcpy(&rt->op, op, sizeof(ngx_http_idempotency_op_t));
+
+    /* the command is the retry's now */
+    rt->buf = op->buf;
+    rt->len = op->buf_len;
+    op->buf = NULL;
+    rt->op.buf = NULL;
+
+    rt->backoff = op->retry_backoff ? ngx_min(op->retry_backoff * 2,
+                                              NGX_HTTP_IDEMPOTENCY_RETRY_MAX)
+                                    : NGX_HTTP_IDEMPOTENCY_RETRY_FIRST;
+
+    ngx_memzero(&rt->ev, sizeof(ngx_event_t));
+    rt->ev.handler = ngx_http_idempotency_retry_handler;
+    rt->ev.data = rt;
+    rt->ev.log = op->redis->log;
+
+    /* a worker that exits gracefully does not wait for Redis to return */
+    rt->ev.cancelable = 1;
+
+    ngx_add_timer(&rt->ev, ngx_min(rt->backoff, (ngx_msec_t) left));
+
+    ngx_queue_insert_tail(&ngx_http_idempotency_retries, &rt->queue);
+    ngx_http_idempotency_retry_bytes += rt->len;
+
+    if (op->retry_backoff == 0) {
+        ngx_log_error(NGX_LOG_WARN, op->redis->log, 0,
+                      "idempotency: redis \"%V\" did not acknowledge the "
+                      "%s (%s), sending it again for up to %M ms, %*s",
+                      &op->redis->name,
+                      op->orphan ? "release of a lost claim"
+                      : op->store ? "record" : "release",
+                      reply ? "error reply" : "no reply", (ngx_msec_t) left,
+                      op->info_len ? op->info_len : op->rkey_len,
+                      op->info_len ? op->info : op->rkey);
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The first send of a finish found no connection: it is formatted and
+ * kept to be sent again, as if its reply had been lost.
+ */
+
+ngx_int_t
+ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op, int argc,
+    const char **argv, const size_t *argvlen)
+{
+    ngx_int_t  rc;
+
+    op->buf = ngx_alloc(ngx_http_idempotency_format_len(argc, argvlen),
+                        op->redis->log);
+    if (op->buf == NULL) {
+        ngx_http_idempotency_op_free(op);
+        return NGX_ERROR;
+    }
+
+    /* the length is an upper bound: the command is what format() wrote */
+    op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv, argvlen)
+                  - op->buf;
+
+    rc = ngx_http_idempotency_retry(op, NULL);
+
+    ngx_http_idempotency_op_free(op);
+
+    return rc == NGX_OK ? NGX_OK : NGX_ERROR;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_retryable(redisReply *reply)
+{
+    size_t       i;
+    ngx_str_t   *s;
+
+    static ngx_str_t  transient[] = {
+        ngx_string("READONLY"),
+        ngx_string("TRYAGAIN"),
+        ngx_string("LOADING"),
+        ngx_string("MASTERDOWN"),
+        ngx_string("CLUSTERDOWN"),
+        ngx_string("BUSY"),
+        ngx_string("NOREPLICAS"),
+        ngx_string("ERR idempotency: staged record missing"),
+        ngx_null_string
+    };
+
+    if (reply->type != REDIS_REPLY_ERROR) {
+        return 0;
+    }
+
+    for (s = transient; s->len; s++) {
+        i = s->len;
+
+        if ((size_t) reply->len >= i
+            && ngx_strncmp(reply->str, s->data, i) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static void
+ngx_http_idempotency_retry_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_retry_t *rt = ev->data;
+
+    int                         argc;
+    size_t                      argvlen[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
+    const char                 *argv[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
+    ngx_msec_int_t              left;
+    ngx_http_idempotency_op_t  *op, *saved;
+
+    saved = &rt->op;
+
+    if (ngx_http_idempotency_retry_parse(rt->buf, rt->buf + rt->len, &argc,
+                                         argv, argvlen)
+        != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ALERT, ev->log, 0,
+                      "idempotency: a kept command does not parse");
+        ngx_http_idempotency_retry_free(rt);
+        return;
+    }
+
+    op = ngx_http_idempotency_op_alloc(saved->redis);
+    if (op == NULL) {
+        goto again;
+    }
+
+    op->handler = saved->handler;
+    op->store = saved->store;
+    op->orphan = saved->orphan;
+    op->cause = saved->cause;
+    op->too_large = saved->too_large;
+    op->zone = saved->zone;
+    op->lease_end = saved->lease_end;
+    op->retry_backoff = rt->backoff;
+    op->again = 1;
+    op->resent = 1;
+    op->sha = (argvlen[0] == 7 && ngx_strncmp(argv[0], "EVALSHA", 7) == 0);
+    op->rkey_len = saved->rkey_len;
+    ngx_memcpy(op->rkey, saved->rkey, saved->rkey_len);
+    ngx_memcpy(op->claim, saved->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    op->info_len = saved->info_len;
+    ngx_memcpy(op->info, saved->info, saved->info_len);
+
+    if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
+        == NGX_OK)
+    {
+        /* the op carries it now; its reply decides what comes next */
+        ngx_http_idempotency_retry_free(rt);
+        return;
+    }
+
+again:
+
+    left = (ngx_msec_int_t) (saved->lease_end - ngx_current_msec);
+
+    if (left <= 0 || saved->redis->exiting) {
+        ngx_log_error(NGX_LOG_ERR, ev->log, 0,
+                      "idempotency: redis \"%V\" stayed unreachable until "
+                      "the claim's lease ended: the %s was not sent; a "
+                      "retry gets outcome-unknown, %*s",
+                      &saved->redis->name,
+                      saved->orphan ? "release of a lost claim"
+                      : saved->store ? "record" : "release",
+                      saved->info_len ? saved->info_len : saved->rkey_len,
+                      saved->info_len ? saved->info : saved->rkey);
+
+        if (saved->store || !saved->orphan) {
+            ngx_http_idempotency_metrics_unknown(
+                                       NGX_HTTP_IDEMPOTENCY_CAUSE_STORE_LOST);
+        }
+
+        ngx_http_idempotency_retry_free(rt);
+        return;
+    }
+
+    rt->backoff = ngx_min(rt->backoff * 2, NGX_HTTP_IDEMPOTENCY_RETRY_MAX);
+    ngx_add_timer(ev, ngx_min(rt->backoff, (ngx_msec_t) left));
+}
+
+
+/* "*N\r\n" then N times "$len\r\n" bytes "\r\n", as format() wrote it */
+
+static ngx_int_t
+ngx_http_idempotency_retry_parse(u_char *p, u_char *last, int *argc,
+    const char **argv, size_t *argvlen)
+{
+    size_t      len;
+    ngx_int_t   i, n;
+
+    if (last - p < 4 || *p++ != '*') {
+        return NGX_ERROR;
+    }
+
+    for (n = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+        n = n * 10 + (*p - '0');
+    }
+
+    if (n < 1 || n > NGX_HTTP_IDEMPOTENCY_RETRY_ARGS
+        || last - p < 2 || *p != CR)
+    {
+        return NGX_ERROR;
+    }
+
+    p += 2;
+
+    for (i = 0; i < n; i++) {
+        if (last - p < 4 || *p++ != '$') {
+            return NGX_ERROR;
+        }
+
+        for (len = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+            len = len * 10 + (*p - '0');
+
+            if (len > (size_t) (last - p)) {
+                return NGX_ERROR;
+            }
+        }
+
+        if (last - p < 2 || *p != CR) {
+            return NGX_ERROR;
+        }
+
+        p += 2;
+
+        if ((size_t) (last - p) < len + 2) {
+            return NGX_ERROR;
+        }
+
+        argv[i] = (const char *) p;
+        argvlen[i] = len;
+        p += len + 2;
+    }
+
+    *argc = (int) n;
+
+    return p == last ? NGX_OK : NGX_ERROR;
+}
+
+
+static void
+ngx_http_idempotency_retry_free(ngx_http_idempotency_retry_t *rt)
+{
+    if (rt->ev.timer_set) {
+        ngx_del_timer(&rt->ev);
+    }
+
+    ngx_queue_remove(&rt->queue);
+    ngx_http_idempotency_retry_bytes -= rt->len;
+
+    ngx_free(rt->buf);
+    ngx_free(rt);
+}
+
+
+/* the worker exits: what is still kept is said, then freed */
+
+void
+ngx_http_idempotency_retry_exit(void)
+{
+    ngx_uint_t                     n;
+    ngx_queue_t                   *q;
+    ngx_http_idempotency_retry_t  *rt;
+
+    if (!ngx_http_idempotency_retries_init) {
+        return;
+    }
+
+    n = 0;
+
+    while (!ngx_queue_empty(&ngx_http_idempotency_retries)) {
+        q = ngx_queue_head(&ngx_http_idempotency_retries);
+        rt = ngx_queue_data(q, ngx_http_idempotency_retry_t, queue);
+        n++;
+        ngx_http_idempotency_retry_free(rt);
+    }
+
+    if (n) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency: the worker exits with %ui finishes not "
+                      "acknowledged by redis; their keys read as "
+                      "outcome-unknown once their leases end", n);
+    }
+}
