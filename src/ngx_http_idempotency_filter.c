@@ -707,7 +707,7 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     ngx_str_t    info;
     redisReply   released;
 
-    if (ngx_http_idempotency_retry(op, reply) == NGX_OK) {
+    if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
         return;
     }
 
@@ -785,7 +785,7 @@ ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
 {
     ngx_str_t  info;
 
-    if (ngx_http_idempotency_retry(op, reply) == NGX_OK) {
+    if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
         return;
     }
 

@@ -1060,7 +1060,8 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: outcome unknown for key hash %*s, "
-                      "answered %ui", (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      "answered %ui",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
                       ngx_http_idempotency_key_hash(ctx), ctx->unknown_status);
 
         return ngx_http_idempotency_reject(r, ctx,

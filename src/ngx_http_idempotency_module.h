@@ -547,7 +547,7 @@ void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_log_t *log);
 
 /* retry.c: finishes sent again until acknowledged or their lease ends */
-ngx_int_t ngx_http_idempotency_retry(ngx_http_idempotency_op_t *op,
+ngx_int_t ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);

@@ -58,7 +58,8 @@ static ngx_uint_t   ngx_http_idempotency_retries_init;
  */
 
 ngx_int_t
-ngx_http_idempotency_retry(ngx_http_idempotency_op_t *op, redisReply *reply)
+ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
 {
     ngx_msec_int_t                 left;
     ngx_http_idempotency_retry_t  *rt;
@@ -158,7 +159,7 @@ ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op, int argc,
     op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv, argvlen)
                   - op->buf;
 
-    rc = ngx_http_idempotency_retry(op, NULL);
+    rc = ngx_http_idempotency_finish_retry(op, NULL);
 
     ngx_http_idempotency_op_free(op);
 

@@ -63,6 +63,11 @@ $nginx = nginx_conf('edge', <<"EOC");
             idempotency on;
             grpc_pass grpc://127.0.0.1:$grpc_port;
         }
+        location = /idem.Pay/Slow {
+            idempotency on;
+            grpc_read_timeout @{[ 500 * $slow ]}ms;
+            grpc_pass grpc://127.0.0.1:$grpc_port;
+        }
     }
 EOC
 nginx_start($nginx);
@@ -279,6 +284,22 @@ EOC
     is(executions(), $n + 1, "  not executed again");
     is(join('', log_problems("$small/logs/error.log")), '',
        "  no alert, crash or leaked socket");
+}
+
+# a call that committed and answered after grpc_read_timeout: its outcome
+# is unknown, and a retry is told so without running it again
+{
+    local $ENV{GRPC_VERBOSITY} = 'NONE';
+    my $k = "slow-" . time();
+    my $n = scalar grep { /^Slow / } lines_of($counter);
+    my $a = call('h2c', 'Slow', $k, 'pay 13');
+    is($a->{code}, 'UNAVAILABLE', "slow: the first call times out (504)");
+    sleep 1.3 * $slow;
+    my $b = call('h2c', 'Slow', $k, 'pay 13');
+    isnt($b->{code}, 'OK', "slow: the retry is not run");
+    like($b->{details} // '', qr/504/, "  it is told 504 (outcome-unknown)");
+    is(scalar(grep { /^Slow / } lines_of($counter)), $n + 1,
+       "  the call ran once");
 }
 
 is(join('', log_problems("$nginx/logs/error.log")), '',

@@ -68,6 +68,8 @@ $front
     server {
         listen 127.0.0.1:$acl_port;
         idempotency_redis 127.0.0.1:$rp user=store-acl password=store-pw;
+        idempotency_lock_ttl 1s;
+        idempotency_redis_timeout 300ms;
 $front
     }
     server {
@@ -77,6 +79,7 @@ $front
         location = /fail { return 503 "no\\n"; }
         location = /big { root $root/www; }
         location = /slow { echo_sleep 0.5; echo "slow"; }
+        location = /slower { echo_sleep 1.6; echo "slower"; }
         location = /slowbig { echo_sleep 0.5; echo_duplicate 307200 "x"; }
     }
 EOC
@@ -89,8 +92,8 @@ END {
 redis_cli('FLUSHALL');
 # the ACL rules of docs/operations.md, nothing more
 redis_cli(qw(ACL SETUSER store-acl reset on >store-pw ~idem:* +get +set +del
-             +eval +evalsha +script|load +getrange +exists +rename +pexpire
-             +client|setname));
+             +eval +evalsha +script|load +getrange +setrange +exists +rename
+             +pexpire +client|setname));
 nginx_start($dir);
 sleep 0.5 * $slow;
 
@@ -225,7 +228,17 @@ for my $case (['/small', "ok\n"], ['/big', $big]) {
     like(idem_status($r), qr/^20[01] replay$/, "$key: stored as store-acl");
     ok($r->{body} eq $body, "$key: byte-exact");
 }
-is(error_lines(qr/NOPERM|refused/), 0, "nothing refused");
+
+# ...and for the renewal of a lease: a duplicate after the lock's time
+# still meets a live claim (a renewal refused would have let it expire)
+{
+    my $s = post_start($acl_port, 'acl-lease', '/slower');
+    sleep 1.3 * $slow;
+    $r = http_post($acl_port, 'acl-lease', 'x', '/slower');
+    is(idem_status($r), '409 conflict', "acl-lease: renewed as store-acl");
+    is(idem_status(post_finish($s)), '200 new', "acl-lease: the original");
+}
+is(error_lines(qr/NOPERM|refused|not renewed/), 0, "nothing refused");
 
 # 6. too late: the key was taken while the upstream ran
 redis_cli('CONFIG', 'RESETSTAT');

@@ -15,7 +15,8 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $slow = $ENV{TEST_ASAN} ? 3 : 1;    # AddressSanitizer is slow
-my ($edge_a, $edge_b, $origin_port, $dead_port) = (19980, 19981, 19982, 19983);
+my ($edge_a, $edge_b, $origin_port, $dead_port, $h2_port)
+    = (19980, 19981, 19982, 19983, 19984);
 
 my $root = fleet_root('once');
 
@@ -110,7 +111,8 @@ EOC
 };
 
 my $a = nginx_conf('a', $front->($edge_a), 2);
-my $b = nginx_conf('b', $front->($edge_b), 2);
+my $b = nginx_conf('b', $front->($edge_b, "listen 127.0.0.1:$h2_port http2;"),
+                   2);
 nginx_start($_) for $origin, $a, $b;
 sleep 0.3;
 
@@ -150,6 +152,15 @@ is(idem_status($r), '504 new', 'the first request times out: 504');
 sleep 1.0 * $slow;
 unknown_ok(post($edge_a, 'late-1', '/late'), 504, 'a retry');
 unknown_ok(post($edge_b, 'late-1', '/late'), 504, 'a retry on another edge');
+
+# over HTTP/2, the same answer
+SKIP: {
+    skip "curl without HTTP/2", 3 unless `curl -V` =~ /HTTP2/;
+    my $out = `curl -s -i --http2-prior-knowledge -X POST -d '{"amount":1000}' -H 'Idempotency-Key: ${run}late-1' http://127.0.0.1:$h2_port/late`;
+    like($out, qr{^HTTP/2 504}m, 'HTTP/2: a retry gets 504');
+    like($out, qr/"code":"outcome-unknown"/, '...outcome-unknown');
+    like($out, qr/^x-should-retry: false/mi, '...x-should-retry: false');
+}
 is(runs('late-1'), 1, 'the origin executed once');
 
 # the same with a reset after the request was sent

@@ -18,6 +18,7 @@ import threading
 from concurrent import futures
 
 import grpc
+import time
 
 port, counter = sys.argv[1], sys.argv[2]
 lock = threading.Lock()
@@ -51,6 +52,13 @@ def abort(request, context):
     context.abort(grpc.StatusCode.ABORTED, 'aborted (%d)' % n)
 
 
+def slow(request, context):
+    # commits, then answers after grpc_read_timeout (t/014: unknown outcome)
+    n = execution('Slow', request)
+    time.sleep(1.5)
+    return b'charged late %d: ' % n + request
+
+
 def handler(fn):
     # identity (de)serializers: the messages are the bytes themselves
     return grpc.unary_unary_rpc_method_handler(fn)
@@ -59,7 +67,7 @@ def handler(fn):
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
 server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
     'idem.Pay', {'Charge': handler(charge), 'Fail': handler(fail),
-                 'Abort': handler(abort)}),))
+                 'Abort': handler(abort), 'Slow': handler(slow)}),))
 
 if server.add_insecure_port('127.0.0.1:%s' % port) == 0:
     sys.exit('cannot listen on port %s' % port)
