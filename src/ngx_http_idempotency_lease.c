@@ -37,13 +37,16 @@ static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
 
 /*
  * renew: KEYS[1] record key, ARGV[1] the claim's first 47 bytes (owner,
- * mark, 'L'), ARGV[2] the new deadline.  SETRANGE keeps the key's TTL.  An
- * unknown outcome or a stored record is never turned back into a lease.
+ * mark, 'L'), ARGV[2] the new deadline, ARGV[3] the key's TTL (lock + ttl,
+ * ms): an owner that outlives idempotency_ttl must not see its claim
+ * expire under it.  An unknown outcome or a stored record is never turned
+ * back into a lease.
  */
 
 ngx_str_t  ngx_http_idempotency_renew_script = ngx_string(
     "if redis.call('GETRANGE', KEYS[1], 0, 46) == ARGV[1] then\n"
     "  redis.call('SETRANGE', KEYS[1], 47, ARGV[2])\n"
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
     "  return 1\n"
     "end\n"
     "return 0\n"
@@ -200,9 +203,9 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
 {
     ngx_http_idempotency_ctx_t *ctx = ev->data;
 
-    u_char                      word[6];
-    size_t                      argvlen[6];
-    const char                 *argv[6];
+    u_char                      word[6], ttl[NGX_INT_T_LEN];
+    size_t                      argvlen[7];
+    const char                 *argv[7];
     ngx_http_idempotency_op_t  *op;
 
     if (ctx->finished) {
@@ -242,8 +245,12 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_WORD_AT;
     argv[5] = (const char *) word;
     argvlen[5] = 6;
+    argv[6] = (const char *) ttl;
+    argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
+                                                   + ctx->conf->ttl)
+                 - ttl;
 
-    if (ngx_http_idempotency_redis_command(op, 6, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_redis_command(op, 7, argv, argvlen) != NGX_OK) {
         ngx_log_error(NGX_LOG_WARN, ev->log, 0,
                       "idempotency: cannot renew the claim, redis \"%V\" is "
                       "not connected, key hash %*s", &ctx->redis->name,

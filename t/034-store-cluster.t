@@ -164,6 +164,38 @@ is(calls('rename'), 1, "the record was moved in place on the new owner");
 is_deeply([staged_keys()], [], "no staging key left");
 replays($key, '/slowbig', 'x' x 307200);
 
+# 4. a migration that stays open longer than idempotency_redis_timeout
+# while a large store is in flight: the claim stays on the source, the
+# staged copy goes to the target (ASK), and the finish meets TRYAGAIN
+# until the slot has moved; it is sent again until then (the lease lasts
+# 2m), and the record replays instead of the key reading as unknown
+$key = 'cslow-move-big';
+cli($_, 'CONFIG', 'RESETSTAT') for masters();
+$s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+print $s Fleet::_request($key, 'x', '/slowbig');
+sleep 0.2;
+topo('cluster-migrate-slot', slot_of($key));
+{
+    local $/;
+    my $res = <$s>;
+    is(idem_status(Fleet::_parse($res // '')), '200 new',
+       "a large response while its slot migrates");
+}
+sleep 3.5;      # past idempotency_redis_timeout (3s)
+cmp_ok(errors('TRYAGAIN'), '>=', 1, "the finish met TRYAGAIN");
+topo('cluster-finish-migration');
+my $ok;
+for (1 .. 30) {
+    my $r = http_post($port, $key, 'x', '/slowbig');
+    last if ($ok = idem_status($r) =~ /^200 replay$/);
+    sleep 0.2;
+}
+ok($ok, "the store landed once the slot had moved: a replay");
+is(runs($key), 1, "$key: the upstream ran once");
+ok(scalar(grep { /did not acknowledge the record/ }
+          lines_of("$dir/logs/error.log")),
+   "...the store was kept and sent again");
+
 is(lost(), 0, "no store lost or refused");
 is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
 
