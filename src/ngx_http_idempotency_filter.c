@@ -717,6 +717,22 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     info.len = op->info_len ? op->info_len : op->rkey_len;
 
     if (op->orphan && reply && reply->type == REDIS_REPLY_INTEGER) {
+
+        if (reply->integer == 0 && !op->rechecked) {
+            /*
+             * Not there: it never landed, or it still waits in Redis on
+             * the connection that broke, to be run after this release
+             * (both were pending when Redis stalled).  Once more, later.
+             */
+
+            op->rechecked = 1;
+            op->retry_backoff = 500;    /* a second later, quietly */
+
+            if (ngx_http_idempotency_finish_retry(op, NULL) == NGX_OK) {
+                return;
+            }
+        }
+
         /* 0: the claim never landed, or a retry took it over since */
         ngx_log_error(NGX_LOG_INFO, log, 0,
                       "idempotency: a claim whose reply was lost was %s, %V",

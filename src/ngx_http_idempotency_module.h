@@ -427,6 +427,7 @@ struct ngx_http_idempotency_op_s {
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;
     unsigned                         orphan:1;   /* a lost claim's release */
+    unsigned                         rechecked:1;    /* ...sent once more */
     unsigned                         release_lost:1; /* claim: if lost */
     unsigned                         cause:2;    /* finish: unknown, why */
 

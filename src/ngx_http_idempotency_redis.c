@@ -557,6 +557,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->again = 0;
     op->sha = 0;
     op->orphan = 0;
+    op->rechecked = 0;
     op->release_lost = 0;
     op->cause = 0;
     op->lease_end = 0;

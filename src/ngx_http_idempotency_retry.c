@@ -234,6 +234,7 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
     op->handler = saved->handler;
     op->store = saved->store;
     op->orphan = saved->orphan;
+    op->rechecked = saved->rechecked;
     op->cause = saved->cause;
     op->too_large = saved->too_large;
     op->zone = saved->zone;

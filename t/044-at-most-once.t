@@ -222,6 +222,7 @@ is(runs('rel-1'), 2, '...two executions: what release allows');
 # a 503 says nothing happened
 
 is(idem_status(post($edge_a, 'err-1', '/err')), '500 new', 'a 500');
+sleep 0.2;      # the store is sent as the response ends
 $r = post($edge_b, 'err-1', '/err');
 is(idem_status($r), '500 replay', '...is stored and replayed');
 is(hdr($r, 'x-should-retry'), 'false', '...as final: x-should-retry false');
