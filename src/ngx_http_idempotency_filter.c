@@ -30,6 +30,8 @@ static void ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_consume(ngx_http_request_t *r,
     ngx_chain_t *in);
+static ngx_int_t ngx_http_idempotency_expires(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf);
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_http_idempotency_op_t *ngx_http_idempotency_finish_op(
@@ -99,6 +101,13 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     ctx->capture.expected = r->headers_out.content_length_n;
+
+    if (ctx->conf->expires_header
+        && ngx_http_idempotency_expires(r, ctx->conf) != NGX_OK)
+    {
+        ngx_http_idempotency_give_up(r, ctx);
+        return NGX_ERROR;
+    }
 
     rc = ngx_http_idempotency_record_header(r, ctx->conf, &ctx->capture,
                                             ctx->claim);
@@ -194,6 +203,44 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     ngx_http_idempotency_consume(r, in);
 
     return (ctx->capturing || last) ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
+ * Idempotency-Expires: when the record, and the protection of the key with
+ * it, ends.  A header of the response like any other, so it is stored and
+ * a replay repeats the same date.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_expires(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    u_char           *p;
+    ngx_table_elt_t  *h;
+
+    p = ngx_pnalloc(r->pool, sizeof("Mon, 28 Sep 1970 06:00:00 GMT") - 1);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Idempotency-Expires");
+    h->value.data = p;
+    h->value.len = ngx_http_time(p, ngx_time() + (time_t) (conf->ttl / 1000))
+                   - p;
+    h->lowcase_key = NULL;
+
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+
+    return NGX_OK;
 }
 
 

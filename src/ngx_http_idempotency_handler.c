@@ -1076,7 +1076,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
             return NGX_DECLINED;
         }
 
-        return ngx_http_idempotency_send_replay(r, &ctx->record);
+        return ngx_http_idempotency_send_replay(r, conf, &ctx->record);
 
     case NGX_HTTP_IDEMPOTENCY_GO_CONFLICT:
 

@@ -254,6 +254,27 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, problem_base_uri),
       NULL },
 
+    { ngx_string("idempotency_problem_error_member"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, problem_error_member),
+      NULL },
+
+    { ngx_string("idempotency_retry_hints"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, retry_hints),
+      NULL },
+
+    { ngx_string("idempotency_expires_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, expires_header),
+      NULL },
+
     { ngx_string("idempotency_dry_run"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
       ngx_conf_set_flag_slot,
@@ -512,6 +533,9 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->on_redis_error = NGX_CONF_UNSET_UINT;
     conf->on_unknown = NGX_CONF_UNSET_UINT;
     conf->dry_run = NGX_CONF_UNSET;
+    conf->problem_error_member = NGX_CONF_UNSET;
+    conf->retry_hints = NGX_CONF_UNSET;
+    conf->expires_header = NGX_CONF_UNSET;
     conf->tls_verify = NGX_CONF_UNSET;
     conf->redis_wait = NGX_CONF_UNSET_UINT;
     conf->redis_wait_timeout = NGX_CONF_UNSET_MSEC;
@@ -561,6 +585,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_str_value(conf->problem_base_uri, prev->problem_base_uri,
                              "");
     ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
+    ngx_conf_merge_value(conf->problem_error_member,
+                         prev->problem_error_member, 1);
+    ngx_conf_merge_value(conf->retry_hints, prev->retry_hints, 1);
+    ngx_conf_merge_value(conf->expires_header, prev->expires_header, 0);
 
     if (conf->redis == NULL) {
         conf->redis = prev->redis;

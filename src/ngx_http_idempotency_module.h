@@ -298,6 +298,11 @@ typedef struct {
     ngx_flag_t                       dry_run;
     ngx_uint_t                       on_unknown;
 
+    /* reply.c: what the client libraries read in the module's answers */
+    ngx_flag_t                       problem_error_member;
+    ngx_flag_t                       retry_hints;
+    ngx_flag_t                       expires_header;
+
     /* wait.c: WAIT after a claim and a store; 0: off */
     ngx_uint_t                       redis_wait;
     ngx_msec_t                       redis_wait_timeout;
@@ -495,7 +500,7 @@ ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t status);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
-    ngx_http_idempotency_record_t *rec);
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
 
 /* key.c */
 ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,

@@ -76,7 +76,8 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
 };
 
 
-static ngx_int_t ngx_http_idempotency_final(ngx_http_request_t *r);
+static ngx_int_t ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry);
 
 
 static ngx_str_t  ngx_http_idempotency_problem_type =
@@ -91,14 +92,16 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     u_char                          *body, *p;
     size_t                           len;
     uintptr_t                        escape;
-    ngx_uint_t                       status;
-    ngx_str_t                        name, value;
+    ngx_str_t                        name, value, *type;
+    ngx_uint_t                       status, retry;
     ngx_http_idempotency_problem_t  *pr;
 
     static ngx_str_t  retry_after = ngx_string("Retry-After");
     static ngx_str_t  one = ngx_string("1");
     static ngx_str_t  cache_control = ngx_string("Cache-Control");
     static ngx_str_t  no_store = ngx_string("no-store");
+    static ngx_str_t  idempotency_error = ngx_string("idempotency_error");
+    static ngx_str_t  api_error = ngx_string("api_error");
 
     pr = &ngx_http_idempotency_problems[problem];
     status = pr->status;
@@ -108,6 +111,15 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     {
         status = NGX_HTTP_GATEWAY_TIME_OUT;
     }
+
+    /* the store's trouble, or the server's, not a misuse of the key */
+    type = (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE
+            || problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN)
+           ? &api_error : &idempotency_error;
+
+    /* retrying helps for "in progress" and "unavailable" alone */
+    retry = (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT
+             || problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE);
 
     if (ngx_http_discard_request_body(r) != NGX_OK) {
         r->keepalive = 0;
@@ -121,6 +133,12 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
           + sizeof("about:blank") - 1
           + conf->problem_base_uri.len + escape + 1 + pr->name.len
           + pr->title.len + 3 + pr->detail.len + pr->name.len;
+
+    if (conf->problem_error_member) {
+        len += sizeof(",\"error\":{\"type\":\"\",\"code\":\"\","
+                      "\"message\":\"\"}") - 1
+               + type->len + pr->name.len + pr->detail.len;
+    }
 
     body = ngx_pnalloc(r->pool, len);
     if (body == NULL) {
@@ -140,12 +158,26 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     }
 
     p = ngx_sprintf(p, "\",\"title\":\"%V\",\"status\":%ui,"
-                    "\"detail\":\"%V\",\"code\":\"%V\"}\n",
+                    "\"detail\":\"%V\",\"code\":\"%V\"",
                     &pr->title, status, &pr->detail, &pr->name);
+
+    /*
+     * Stripe-style client libraries raise an error only when the body has
+     * an "error" member: without it, a 409 or 422 problem was handed to
+     * the caller as if it were the created object
+     */
+
+    if (conf->problem_error_member) {
+        p = ngx_sprintf(p, ",\"error\":{\"type\":\"%V\",\"code\":\"%V\","
+                        "\"message\":\"%V\"}", type, &pr->name, &pr->detail);
+    }
+
+    *p++ = '}';
+    *p++ = LF;
 
     r->headers_out.status = status;
 
-    if (pr->status == 422) {
+    if (status == 422) {
         /* nginx 1.22 has no reason phrase for 422 */
         ngx_str_set(&r->headers_out.status_line, "422 Unprocessable Content");
     }
@@ -154,12 +186,7 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     r->headers_out.content_type_lowcase = NULL;
     r->headers_out.content_length_n = p - body;
 
-    /* retrying helps, except for a result that can never be replayed */
-
-    if ((pr->status == NGX_HTTP_CONFLICT
-         || pr->status == NGX_HTTP_SERVICE_UNAVAILABLE)
-        && problem != NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE)
-    {
+    if (retry) {
         name = retry_after;
         value = one;
 
@@ -177,9 +204,7 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
-        && ngx_http_idempotency_final(r) != NGX_OK)
-    {
+    if (ngx_http_idempotency_retry_hints(r, conf, retry) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -189,7 +214,7 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 
 ngx_int_t
 ngx_http_idempotency_send_replay(ngx_http_request_t *r,
-    ngx_http_idempotency_record_t *rec)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec)
 {
     u_char           *p;
     ngx_str_t         name, value;
@@ -286,7 +311,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 
     if ((rec->status == NGX_HTTP_CONFLICT || rec->status == 429
          || rec->status >= NGX_HTTP_INTERNAL_SERVER_ERROR)
-        && ngx_http_idempotency_final(r) != NGX_OK)
+        && ngx_http_idempotency_retry_hints(r, conf, 0) != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -297,20 +322,27 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 
 /*
  * The hints that Stripe's and the Stainless-generated client libraries
- * obey: retrying cannot change this answer.
+ * obey, over their own judgement of the status: whether retrying can
+ * change this answer.
  */
 
 static ngx_int_t
-ngx_http_idempotency_final(ngx_http_request_t *r)
+ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry)
 {
     ngx_str_t  name, value;
 
     static ngx_str_t  x_should_retry = ngx_string("x-should-retry");
     static ngx_str_t  stripe_should_retry = ngx_string("Stripe-Should-Retry");
+    static ngx_str_t  yes = ngx_string("true");
     static ngx_str_t  no = ngx_string("false");
 
+    if (!conf->retry_hints) {
+        return NGX_OK;
+    }
+
     name = x_should_retry;
-    value = no;
+    value = retry ? yes : no;
 
     if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
         return NGX_ERROR;

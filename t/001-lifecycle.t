@@ -58,7 +58,7 @@ Idempotency-Key: lifecycle-2
 --- response_headers eval
 ["X-Idem: new", "X-Idem: mismatch\nContent-Type: application/problem+json"]
 --- response_body_like eval
-[qr/^ok$/, qr/^\{"type":"about:blank","title":"Idempotency-Key is already used","status":422,"detail":"[^"]+","code":"key-reused"\}$/]
+[qr/^ok$/, qr/^\{"type":"about:blank","title":"Idempotency-Key is already used","status":422,"detail":"[^"]+","code":"key-reused","error":\{"type":"idempotency_error","code":"key-reused","message":"[^"]+"\}\}$/]
 --- grep_error_log eval: qr/BACKEND-EXEC \S+/
 --- grep_error_log_out eval
 qr/\A(?:BACKEND-EXEC \/backend\n)?\z/

@@ -32,7 +32,7 @@ __DATA__
 --- request
 GET /fanout
 --- response_body_like chomp
-\Adone\n\{"type":"about:blank","title":"A request is outstanding for this Idempotency-Key","status":409,"detail":"[^"]+","code":"request-in-progress"\}\n\z
+\Adone\n\{"type":"about:blank","title":"A request is outstanding for this Idempotency-Key","status":409,"detail":"[^"]+","code":"request-in-progress","error":\{"type":"idempotency_error","code":"request-in-progress","message":"[^"]+"\}\}\n\z
 --- grep_error_log eval: qr/BACKEND-EXEC \S+/
 --- grep_error_log_out
 BACKEND-EXEC /slow
@@ -96,7 +96,7 @@ BACKEND-EXEC /slow
 --- request
 GET /fanout
 --- response_body_like chomp
-\Adone\n\{.*"code":"request-in-progress"\}\n\z
+\Adone\n\{.*"code":"request-in-progress","error":\{"type":"idempotency_error","code":"request-in-progress","message":"[^"]+"\}\}\n\z
 --- timeout: 6
 
 
@@ -128,7 +128,7 @@ request runs once
 --- request
 GET /fanout
 --- response_body_like chomp
-\Arun \w+\n\{.*"code":"request-in-progress"\}\n\z
+\Arun \w+\n\{.*"code":"request-in-progress","error":\{"type":"idempotency_error","code":"request-in-progress","message":"[^"]+"\}\}\n\z
 --- grep_error_log eval: qr/BACKEND-EXEC \S+/
 --- grep_error_log_out
 BACKEND-EXEC /slow

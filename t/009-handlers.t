@@ -99,7 +99,7 @@ Idempotency-Key: fastcgi-2
 --- response_body_like eval
 my $r = quotemeta main::posted("fastcgi", 2, "/fastcgi/pay", "first");
 [qr/^$r\z/,
- qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused"\}$/, qr/^2$/]
+ qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused","error":\{"type":"idempotency_error","code":"key-reused","message":"[^"]+"\}\}$/, qr/^2$/]
 
 
 
@@ -169,7 +169,7 @@ Idempotency-Key: uwsgi-2
 --- response_body_like eval
 my $r = quotemeta main::posted("uwsgi", 2, "/uwsgi/pay", "first");
 [qr/^$r\z/,
- qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused"\}$/, qr/^2$/]
+ qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused","error":\{"type":"idempotency_error","code":"key-reused","message":"[^"]+"\}\}$/, qr/^2$/]
 
 
 
@@ -239,7 +239,7 @@ Idempotency-Key: scgi-2
 --- response_body_like eval
 my $r = quotemeta main::posted("scgi", 2, "/scgi/pay", "first");
 [qr/^$r\z/,
- qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused"\}$/, qr/^2$/]
+ qr/^\{"type":"about:blank",.*"status":422,.*"code":"key-reused","error":\{"type":"idempotency_error","code":"key-reused","message":"[^"]+"\}\}$/, qr/^2$/]
 
 
 

@@ -278,7 +278,7 @@ Idempotency-Key: big-1
 ["X-Idem: new", "X-Idem: conflict\n!Retry-After\nCache-Control: no-store\nContent-Type: application/problem+json"]
 --- response_body_like eval
 [qr/larger than/,
- qr/^\{"type":"about:blank","title":"The response for this Idempotency-Key cannot be replayed","status":409,"detail":"[^"]*the result cannot be replayed\. Do not retry the request with this key\.","code":"response-not-replayable"\}$/]
+ qr/^\{"type":"about:blank","title":"The response for this Idempotency-Key cannot be replayed","status":409,"detail":"[^"]*the result cannot be replayed\. Do not retry the request with this key\.","code":"response-not-replayable","error":\{"type":"idempotency_error","code":"response-not-replayable","message":"[^"]+"\}\}$/]
 --- error_log
 stored as too large
 --- no_error_log

@@ -246,6 +246,10 @@ for my $at (0.8, 1.6, 2.0) {
     $last = $at;
     my $d = post($edge_b, 'slow-1', '/lease/slow');
     is(idem_status($d), '409 conflict', "a duplicate at ${at}s: 409");
+    next if $at != 0.8;
+    is(hdr($d, 'Retry-After'), '1', '...with Retry-After: 1');
+    is(hdr($d, 'x-should-retry'), 'true', '...x-should-retry: true');
+    is(hdr($d, 'Stripe-Should-Retry'), 'true', '...Stripe-Should-Retry: true');
 }
 waitpid $pid, 0;
 is($? >> 8, 0, 'the slow original got its 200');
