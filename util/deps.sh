@@ -10,13 +10,18 @@ pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libtest-base-perl libtext-diff-perl liblist-moreutils-perl
       libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
       libipc-run-perl openssl python3 python3-grpcio
-      build-essential debhelper dpkg-dev fakeroot lintian "$@")
+      build-essential debhelper dpkg-dev fakeroot lintian
+      nodejs        # t/047: Stripe's own Node.js library, from npm
+      "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" \
         || missing+=("$p")
 done
+
+# Debian's nodejs comes without npm; some builds of nodejs bring their own
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
