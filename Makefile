@@ -8,6 +8,7 @@
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load, reload, soak at full size, then 5 min of
 #                   fuzzing per parser (about 13 min)
+#   make durability what each Redis persistence setting loses on kill -9
 #   make deb        the Debian package libnginx-mod-http-idempotency in
 #                   build/deb/ (dh_nginx); prints the .deb's path last
 #   make deb-test   make deb, then install it with apt-get, nginx -t, a smoke
@@ -41,7 +42,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo bench torture clean fuzz \
+.PHONY: all module deps test test-asan demo bench durability torture clean fuzz \
         deb deb-test install version-check
 
 all: module
@@ -70,6 +71,10 @@ demo: deps
 bench: deps
 	$(MAKE) module
 	./bench/run.sh "$(MODULE)"
+
+durability: deps
+	$(MAKE) module
+	./bench/durability.sh "$(MODULE)"
 
 torture: deps
 	$(MAKE) module
