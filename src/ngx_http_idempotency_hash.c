@@ -97,7 +97,10 @@ ngx_http_idempotency_new_token(u_char *token)
 }
 
 
-/* <prefix>{hex(SHA-256(scope NUL key))}: client text never reaches Redis */
+/*
+ * <prefix>{hex(SHA-256(scope NUL key))}, or HMAC-SHA-256 with
+ * idempotency_key_secret: client text never reaches Redis
+ */
 
 ngx_int_t
 ngx_http_idempotency_record_key(ngx_http_request_t *r,
@@ -130,11 +133,19 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
         ngx_http_idempotency_md_free = md;
     }
 
-    if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
-        || EVP_DigestUpdate(md, scope.data, scope.len) != 1
-        || EVP_DigestUpdate(md, "", 1) != 1
-        || EVP_DigestUpdate(md, key->data, key->len) != 1
-        || EVP_DigestFinal_ex(md, hash, &len) != 1)
+    if (conf->secret) {
+        if (ngx_http_idempotency_secret_hash(conf->secret, md, &scope, key,
+                                             hash)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+    } else if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
+               || EVP_DigestUpdate(md, scope.data, scope.len) != 1
+               || EVP_DigestUpdate(md, "", 1) != 1
+               || EVP_DigestUpdate(md, key->data, key->len) != 1
+               || EVP_DigestFinal_ex(md, hash, &len) != 1)
     {
         return NGX_ERROR;
     }

@@ -267,6 +267,13 @@ struct ngx_http_idempotency_redis_s {
 };
 
 
+/* secret.c: the HMAC pads of idempotency_key_secret, absorbed once */
+typedef struct {
+    EVP_MD_CTX                      *inner;
+    EVP_MD_CTX                      *outer;
+} ngx_http_idempotency_secret_t;
+
+
 typedef struct {
     ngx_array_t                      servers;    /* redis_t * */
     ngx_http_idempotency_redis_t    *default_server;
@@ -283,6 +290,7 @@ typedef struct {
     ngx_http_complex_value_t        *key;        /* NULL: the header */
     size_t                           key_max_length;
     ngx_http_complex_value_t        *scope;
+    ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
     ngx_uint_t                       methods;
     ngx_flag_t                       required;
     ngx_msec_t                       ttl;
@@ -670,6 +678,12 @@ ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
 #if (NGX_HTTP_SSL)
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
+
+/* secret.c: keyed record names */
+char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
+    EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
 
 /* lease.c: the owner's lease inside its claim */
 extern ngx_str_t  ngx_http_idempotency_renew_script;

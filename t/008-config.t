@@ -199,4 +199,35 @@ ok($ok && warnings($out) == 0,
    "an address from http{} and lock_ttl = proxy_read_timeout + 1m: silent")
     or diag $out;
 
+# idempotency_key_secret: 32 bytes or more, readable by its owner only
+{
+    my $f = "$dir/secret";
+    my $write = sub {
+        my ($bytes, $mode) = @_;
+        open my $fh, '>', $f or die $!;
+        binmode $fh;
+        print $fh $bytes;
+        close $fh;
+        chmod $mode, $f;
+    };
+    my $loc = "            idempotency on;\n$redis\n"
+              . "            idempotency_key_secret $f;";
+
+    $write->('s' x 32, 0600);
+    ($ok, $out) = nginx_t($loc);
+    ok($ok, "a 32-byte secret, mode 600, is accepted") or diag $out;
+
+    $write->('s' x 31, 0600);
+    ($ok, $out) = nginx_t($loc);
+    ok(!$ok, "a 31-byte secret is refused");
+    like($out, qr/"idempotency_key_secret" file "\Q$f\E" holds 31 bytes/,
+         "...naming the file and its size") or diag $out;
+
+    $write->('s' x 32, 0644);
+    ($ok, $out) = nginx_t($loc);
+    ok(!$ok, "a world-readable secret is refused");
+    like($out, qr/must not be accessible to group or others/, "...saying why")
+        or diag $out;
+}
+
 done_testing();

@@ -10,12 +10,22 @@ use Test::Nginx::Socket 'no_plan';
 use lib 't/lib';
 use IdemTest;
 
-use Digest::SHA qw(sha256_hex);
+use Digest::SHA qw(sha256_hex hmac_sha256_hex);
 
 # an sf-string key: the hash is over the decoded text, quotes unescaped
 $ENV{TEST_NGINX_HASH_1} = sha256_hex("tenant-a\0hash \"1\"");
 $ENV{TEST_NGINX_HASH_2} = sha256_hex("\0hash-2");
 $ENV{TEST_NGINX_HASH_7} = sha256_hex("\0hash-7");
+
+# TEST 8: keyed record names, HMAC-SHA-256 with idempotency_key_secret
+my $secret = join '', map { chr(($_ * 37 + 11) % 256) } 0 .. 31;
+$ENV{TEST_NGINX_SECRET_FILE} = "/tmp/ngx-idempotency-018-secret-$$";
+open my $sf, '>', $ENV{TEST_NGINX_SECRET_FILE} or die $!;
+binmode $sf;
+print $sf $secret;
+close $sf;
+chmod 0600, $ENV{TEST_NGINX_SECRET_FILE};
+$ENV{TEST_NGINX_HASH_8} = hmac_sha256_hex("\0hash-8", $secret);
 
 # TEST 7 polls the claim's PTTL from the side while the request runs
 $ENV{TEST_NGINX_PTTL_FILE} = "/tmp/ngx-idempotency-018-pttl-$$";
@@ -54,6 +64,10 @@ my @keys = sort split /\n/, `$cli KEYS 'idem:*'`;
 is_deeply(\@keys, [sort map { "idem:{$ENV{$_}}" }
                          qw(TEST_NGINX_HASH_1 TEST_NGINX_HASH_7)],
           "KEYS 'idem:*' holds the records under the logged hashes");
+@keys = sort split /\n/, `$cli KEYS 'keyed:*'`;
+is_deeply(\@keys, ["keyed:{$ENV{TEST_NGINX_HASH_8}}"],
+          "KEYS 'keyed:*' holds the record under its HMAC, not its SHA-256");
+unlink $ENV{TEST_NGINX_SECRET_FILE};
 @keys = sort split /\n/, `$cli KEYS 'shop1:*'`;
 is_deeply(\@keys, ["shop1:{$ENV{TEST_NGINX_HASH_2}}"],
           "KEYS 'shop1:*' holds the record under the logged hash");
@@ -188,3 +202,29 @@ x
 --- response_body
 done
 --- timeout: 6
+
+
+
+=== TEST 8: idempotency_key_secret: the record is named by HMAC-SHA-256 of
+scope NUL key, and $idempotency_key_hash says so
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_redis_prefix keyed:;
+        idempotency_key_secret $TEST_NGINX_SECRET_FILE;
+        add_header X-Key-Hash $idempotency_key_hash always;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        idempotency off;
+        return 201 "ok\n";
+    }
+--- more_headers
+Idempotency-Key: hash-8
+--- pipelined_requests eval
+["POST /pay\nx", "POST /pay\nx"]
+--- error_code eval
+[201, 201]
+--- response_headers eval
+["X-Key-Hash: $ENV{TEST_NGINX_HASH_8}\nX-Idem: new", "X-Key-Hash: $ENV{TEST_NGINX_HASH_8}\nX-Idem: replay"]

@@ -1,0 +1,214 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * idempotency_key_secret FILE: keyed record names.  The record key becomes
+ * <prefix>{hex HMAC-SHA-256(secret, scope NUL key)}, so that a reader of
+ * Redis cannot test guessed keys or scopes against it.
+ *
+ * HMAC is computed on the digest contexts the module already uses: the
+ * inner and outer pads are absorbed once, at configuration time, and each
+ * request continues copies of them (RFC 2104), with no MAC object to set
+ * up per request.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_SECRET_MIN  32
+#define NGX_HTTP_IDEMPOTENCY_SECRET_MAX  4096
+#define NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK  64     /* SHA-256's block */
+
+
+static void ngx_http_idempotency_secret_cleanup(void *data);
+
+
+char *
+ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    u_char                  buf[NGX_HTTP_IDEMPOTENCY_SECRET_MAX + 1];
+    u_char                  key[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
+    u_char                  pad[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
+    size_t                  len;
+    ssize_t                 n;
+    ngx_fd_t                fd;
+    ngx_str_t              *value, name;
+    ngx_uint_t              i;
+    unsigned int            dlen;
+    ngx_file_info_t         fi;
+    ngx_pool_cleanup_t     *cln;
+    ngx_http_idempotency_secret_t  *s;
+
+    if (ilcf->secret != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+        ilcf->secret = NULL;
+        return NGX_CONF_OK;
+    }
+
+    name = value[1];
+
+    if (ngx_conf_full_name(cf->cycle, &name, 1) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    fd = ngx_open_file(name.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (fd == NGX_INVALID_FILE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_open_file_n " \"%V\" failed", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_fd_info_n " \"%V\" failed", &name);
+        (void) ngx_close_file(fd);
+        return NGX_CONF_ERROR;
+    }
+
+    /* a secret others can read is no secret */
+
+    if (fi.st_mode & (S_IRWXG | S_IRWXO)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_key_secret\" file \"%V\" must not "
+                           "be accessible to group or others (chmod 600)",
+                           &name);
+        (void) ngx_close_file(fd);
+        return NGX_CONF_ERROR;
+    }
+
+    n = ngx_read_fd(fd, buf, sizeof(buf));
+    (void) ngx_close_file(fd);
+
+    if (n == -1) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_read_fd_n " \"%V\" failed", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (n < NGX_HTTP_IDEMPOTENCY_SECRET_MIN
+        || n > NGX_HTTP_IDEMPOTENCY_SECRET_MAX)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_key_secret\" file \"%V\" holds %z "
+                           "bytes: a secret of %d to %d bytes is expected "
+                           "(openssl rand 32 > FILE)", &name, n,
+                           NGX_HTTP_IDEMPOTENCY_SECRET_MIN,
+                           NGX_HTTP_IDEMPOTENCY_SECRET_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    s = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_secret_t));
+    if (s == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_idempotency_secret_cleanup;
+    cln->data = s;
+
+    s->inner = EVP_MD_CTX_new();
+    s->outer = EVP_MD_CTX_new();
+
+    if (s->inner == NULL || s->outer == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    /* a key longer than the block is hashed first (RFC 2104) */
+
+    ngx_memzero(key, sizeof(key));
+    len = n;
+
+    if (len > NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK) {
+        if (EVP_Digest(buf, len, key, &dlen, EVP_sha256(), NULL) != 1) {
+            return NGX_CONF_ERROR;
+        }
+
+    } else {
+        ngx_memcpy(key, buf, len);
+    }
+
+    ngx_explicit_memzero(buf, sizeof(buf));
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK; i++) {
+        pad[i] = key[i] ^ 0x36;
+    }
+
+    if (EVP_DigestInit_ex(s->inner, EVP_sha256(), NULL) != 1
+        || EVP_DigestUpdate(s->inner, pad, sizeof(pad)) != 1)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK; i++) {
+        pad[i] = key[i] ^ 0x5c;
+    }
+
+    if (EVP_DigestInit_ex(s->outer, EVP_sha256(), NULL) != 1
+        || EVP_DigestUpdate(s->outer, pad, sizeof(pad)) != 1)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_explicit_memzero(key, sizeof(key));
+    ngx_explicit_memzero(pad, sizeof(pad));
+
+    ilcf->secret = s;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * HMAC-SHA-256(secret, scope NUL key) into hash: the inner hash continues
+ * from the inner pad, the outer one from the outer pad
+ */
+
+ngx_int_t
+ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
+    EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash)
+{
+    u_char        inner[EVP_MAX_MD_SIZE];
+    unsigned int  len;
+
+    if (EVP_MD_CTX_copy_ex(md, s->inner) != 1
+        || EVP_DigestUpdate(md, scope->data, scope->len) != 1
+        || EVP_DigestUpdate(md, "", 1) != 1
+        || EVP_DigestUpdate(md, key->data, key->len) != 1
+        || EVP_DigestFinal_ex(md, inner, &len) != 1
+        || EVP_MD_CTX_copy_ex(md, s->outer) != 1
+        || EVP_DigestUpdate(md, inner, len) != 1
+        || EVP_DigestFinal_ex(md, hash, &len) != 1)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_secret_cleanup(void *data)
+{
+    ngx_http_idempotency_secret_t *s = data;
+
+    if (s->inner) {
+        EVP_MD_CTX_free(s->inner);
+    }
+
+    if (s->outer) {
+        EVP_MD_CTX_free(s->outer);
+    }
+}
