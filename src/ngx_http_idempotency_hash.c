@@ -106,22 +106,33 @@ ngx_int_t
 ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key)
 {
+    ngx_str_t  scope;
+
+    ngx_str_null(&scope);
+
+    if (ctx->conf->scope
+        && ngx_http_complex_value(r, ctx->conf->scope, &scope) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_key_name(r, ctx, &scope, key);
+}
+
+
+/* the record key of a scope and a decoded key, into ctx->rkey */
+
+ngx_int_t
+ngx_http_idempotency_key_name(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *scope, ngx_str_t *key)
+{
     u_char                           *p;
     u_char                            hash[EVP_MAX_MD_SIZE];
-    ngx_str_t                         scope;
     unsigned int                      len;
     EVP_MD_CTX                       *md;
     ngx_http_idempotency_loc_conf_t  *conf;
 
     conf = ctx->conf;
-
-    ngx_str_null(&scope);
-
-    if (conf->scope
-        && ngx_http_complex_value(r, conf->scope, &scope) != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
 
     md = ngx_http_idempotency_md_free;
     if (md == NULL) {
@@ -134,7 +145,7 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
     }
 
     if (conf->secret) {
-        if (ngx_http_idempotency_secret_hash(conf->secret, md, &scope, key,
+        if (ngx_http_idempotency_secret_hash(conf->secret, md, scope, key,
                                              hash)
             != NGX_OK)
         {
@@ -142,7 +153,7 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
         }
 
     } else if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
-               || EVP_DigestUpdate(md, scope.data, scope.len) != 1
+               || EVP_DigestUpdate(md, scope->data, scope->len) != 1
                || EVP_DigestUpdate(md, "", 1) != 1
                || EVP_DigestUpdate(md, key->data, key->len) != 1
                || EVP_DigestFinal_ex(md, hash, &len) != 1)

@@ -111,7 +111,7 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status)
 {
     u_char      *w;
     uint64_t     deadline;
-    ngx_uint_t   i, st;
+    ngx_uint_t   st;
 
     *status = NGX_HTTP_BAD_GATEWAY;
 
@@ -125,13 +125,9 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status)
     switch (head[NGX_HTTP_IDEMPOTENCY_MARK_AT + 1]) {
 
     case NGX_HTTP_IDEMPOTENCY_KIND_LEASE:
-        deadline = 0;
+        deadline = ngx_http_idempotency_lease_deadline(head);
 
-        for (i = 0; i < 6; i++) {
-            deadline = deadline << 8 | w[i];
-        }
-
-        if (deadline < NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH) {
+        if (deadline == 0) {
             /* an older worker's sequence number, not a deadline */
             return NGX_HTTP_IDEMPOTENCY_LEASE_OLD;
         }
@@ -157,6 +153,33 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status)
     default:
         return NGX_HTTP_IDEMPOTENCY_LEASE_OLD;
     }
+}
+
+
+/* the deadline of a format 2 lease, ms since the epoch; 0 for others */
+
+uint64_t
+ngx_http_idempotency_lease_deadline(u_char *head)
+{
+    u_char      *w;
+    uint64_t     deadline;
+    ngx_uint_t   i;
+
+    if (head[NGX_HTTP_IDEMPOTENCY_MARK_AT] != NGX_HTTP_IDEMPOTENCY_LEASE_MARK
+        || head[NGX_HTTP_IDEMPOTENCY_MARK_AT + 1]
+           != NGX_HTTP_IDEMPOTENCY_KIND_LEASE)
+    {
+        return 0;
+    }
+
+    w = head + NGX_HTTP_IDEMPOTENCY_WORD_AT;
+    deadline = 0;
+
+    for (i = 0; i < 6; i++) {
+        deadline = deadline << 8 | w[i];
+    }
+
+    return deadline < NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH ? 0 : deadline;
 }
 
 

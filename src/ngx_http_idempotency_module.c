@@ -117,6 +117,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, redis_timeout),
       &ngx_http_idempotency_timeout_bounds },
 
+    { ngx_string("idempotency_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idempotency_admin,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_key_secret"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_idempotency_key_secret,
@@ -623,7 +630,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         prev->redis_default = 1;
     }
 
-    if (conf->enable) {
+    if (conf->enable || conf->admin) {
         conf->redis->used = 1;
 
         if (conf->redis->timeout == 0

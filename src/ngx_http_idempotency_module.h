@@ -310,6 +310,7 @@ typedef struct {
     ngx_flag_t                       problem_error_member;
     ngx_flag_t                       retry_hints;
     ngx_flag_t                       expires_header;
+    ngx_uint_t                       admin;      /* idempotency_admin */
 
     /* wait.c: WAIT after a claim and a store; 0: off */
     ngx_uint_t                       redis_wait;
@@ -433,6 +434,7 @@ struct ngx_http_idempotency_op_s {
     ngx_http_idempotency_redis_t    *redis;
     ngx_http_request_t              *request;    /* NULL once detached */
     ngx_http_idempotency_ctx_t      *ctx;
+    void                            *data;       /* another caller's */
     ngx_http_idempotency_reply_pt    handler;
     ngx_http_idempotency_node_t     *node;       /* sent on */
     size_t                           rkey_len;
@@ -519,6 +521,8 @@ ngx_int_t ngx_http_idempotency_hash_init(ngx_cycle_t *cycle);
 void ngx_http_idempotency_hash_done(void);
 ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_key_name(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *scope, ngx_str_t *key);
 ngx_int_t ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_fingerprint_update(
@@ -679,6 +683,10 @@ ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
 
+/* admin.c: the operator's view of one key */
+char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
 /* secret.c: keyed record names */
 char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -692,6 +700,7 @@ void ngx_http_idempotency_lease_set(u_char *claim, ngx_msec_t lock_ttl);
 void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
     ngx_uint_t status, ngx_uint_t cause);
 ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status);
+uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
 void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx);

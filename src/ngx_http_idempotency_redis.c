@@ -543,6 +543,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->redis = redis;
     op->request = NULL;
     op->ctx = NULL;
+    op->data = NULL;
     op->handler = NULL;
     op->node = NULL;
     op->rkey_len = 0;

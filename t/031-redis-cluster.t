@@ -20,6 +20,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use IO::Socket::INET;
 use Digest::SHA qw(sha256_hex);
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
@@ -102,7 +103,8 @@ for ([a => $pa], [b => $pb]) {
     my ($name, $port) = @$_;
     $dirs{$name} = nginx_conf($name, pay_server($name, $port,
         "idempotency_redis 127.0.0.1:$seed cluster;\n"
-        . "        idempotency_redis_timeout 3s;"), 2);
+        . "        idempotency_redis_timeout 3s;\n"
+        . "        location = /admin { idempotency_admin; }"), 2);
     nginx_start($dirs{$name});
 }
 
@@ -375,4 +377,18 @@ ok($rc && $out =~ /several redis addresses require "cluster"/,
 is($rc, 0, 'nginx -t: several seeds with cluster') or diag $out;
 
 note sprintf 'took %.1f s', time - $t0;
+# idempotency_admin on a cluster: each key is read on its slot's master
+{
+    my @seen;
+    for my $k (@dup[0 .. 4]) {
+        my $s = IO::Socket::INET->new("127.0.0.1:$pa") or next;
+        print $s "GET /admin?key=$k HTTP/1.0\r\nHost: x\r\n\r\n";
+        local $/;
+        my $res = <$s> // '';
+        push @seen, $res =~ /"state":"(\w+)"/ ? $1 : 'none';
+    }
+    is("@seen", join(' ', ('completed') x 5),
+       'idempotency_admin reads each key on its own master');
+}
+
 done_testing();
