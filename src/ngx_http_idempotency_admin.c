@@ -493,7 +493,8 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     switch (rec.state) {
 
     case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
-        kind = ngx_http_idempotency_lease_read(ctx->value, &status);
+        kind = ngx_http_idempotency_lease_read(ctx->value, &status, now,
+                                               ctx->conf->lock_ttl / 3);
 
         if (kind == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
             state = "unknown";

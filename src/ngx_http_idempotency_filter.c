@@ -480,6 +480,16 @@ void
 ngx_http_idempotency_release(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
+    if (ctx->took_over) {
+        /*
+         * It took over a key that may have run: whatever this request did
+         * or did not, the key never becomes free again (the model found a
+         * taker's release letting a third request run without the header)
+         */
+        ngx_http_idempotency_unknown(r, ctx, NGX_HTTP_BAD_GATEWAY);
+        return;
+    }
+
     ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
 }
 

@@ -40,6 +40,7 @@ static ngx_int_t ngx_http_idempotency_take_over(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_take_lost(ngx_http_idempotency_op_t *op);
 static void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
@@ -691,7 +692,10 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         break;
     }
 
-    switch (ngx_http_idempotency_lease_read(data, &ctx->unknown_status)) {
+    switch (ngx_http_idempotency_lease_read(data, &ctx->unknown_status,
+                                            ctx->sent_at,
+                                            ctx->conf->lock_ttl / 3))
+    {
 
     case NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED:
         /* its owner is gone after it may have run: never a free key */
@@ -727,12 +731,16 @@ ngx_http_idempotency_claim_op(ngx_http_request_t *r,
     }
 
     ngx_http_idempotency_lease_set(ctx->claim, ctx->conf->lock_ttl);
+    ctx->sent_at = ngx_http_idempotency_epoch_msec();
 
     op->request = r;
     op->ctx = ctx;
     op->handler = handler;
     op->release_lost = 1;
     op->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
+    op->ttl = ctx->conf->ttl;
+    op->forward = (ctx->conf->on_unknown
+                   == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
     op->rkey_len = ctx->rkey.len;
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
     ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
@@ -842,7 +850,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
 
     if (r == NULL) {
         if (op->release_lost && (reply == NULL || took)) {
-            ngx_http_idempotency_release_orphan(op);
+            ngx_http_idempotency_take_lost(op);
         }
 
         return;
@@ -867,6 +875,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
 
         ctx->previous_unknown = (ctx->conf->on_unknown
                                  == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
+        ctx->took_over = ctx->previous_unknown;
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_OWNER;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
 
@@ -876,7 +885,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
 
     } else {
         if (reply == NULL) {
-            ngx_http_idempotency_release_orphan(op);
+            ngx_http_idempotency_take_lost(op);
 
         } else {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -890,6 +899,43 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     }
 
     ngx_http_idempotency_wake(r);
+}
+
+
+/*
+ * A take whose reply was lost may have landed.  It took over a key that
+ * may have run: under forward the key must never become free (the model
+ * found a taker's release letting a third request run without the
+ * header), so it goes back to an unknown outcome, owner-checked; under
+ * release it is released like any lost claim.
+ */
+
+static void
+ngx_http_idempotency_take_lost(ngx_http_idempotency_op_t *op)
+{
+    ngx_http_idempotency_finish_t    f;
+    u_char                           value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    if (!op->forward) {
+        ngx_http_idempotency_release_orphan(op);
+        return;
+    }
+
+    ngx_http_idempotency_lease_unknown(value, op->claim, NGX_HTTP_BAD_GATEWAY,
+                                       NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM);
+
+    ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
+
+    f.rkey.data = op->rkey;
+    f.rkey.len = op->rkey_len;
+    f.claim = op->claim;
+    f.value = value;
+    f.len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    f.ttl = op->ttl;
+    f.lease_end = op->lease_end;
+
+    ngx_http_idempotency_metrics_attribute(op->zone);
+    ngx_http_idempotency_finish_key(op->redis, &f, op->redis->log);
 }
 
 

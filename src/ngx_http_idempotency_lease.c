@@ -40,16 +40,25 @@ static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
  * mark, 'L'), ARGV[2] the new deadline, ARGV[3] the key's TTL (lock + ttl,
  * ms): an owner that outlives idempotency_ttl must not see its claim
  * expire under it.  An unknown outcome or a stored record is never turned
- * back into a lease.
+ * back into a lease.  A deadline only moves forward: a renewal that
+ * stalled in Redis and lands after later ones must not move it back (the
+ * model found it); the big-endian bytes are compared one by one, as Lua's
+ * string order follows the server's locale.
  */
 
 ngx_str_t  ngx_http_idempotency_renew_script = ngx_string(
-    "if redis.call('GETRANGE', KEYS[1], 0, 46) == ARGV[1] then\n"
-    "  redis.call('SETRANGE', KEYS[1], 47, ARGV[2])\n"
-    "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
-    "  return 1\n"
+    "if redis.call('GETRANGE', KEYS[1], 0, 46) ~= ARGV[1] then\n"
+    "  return 0\n"
     "end\n"
-    "return 0\n"
+    "local w = redis.call('GETRANGE', KEYS[1], 47, 52)\n"
+    "for i = 1, 6 do\n"
+    "  local a, b = string.byte(w, i), string.byte(ARGV[2], i)\n"
+    "  if a > b then return 1 end\n"
+    "  if a < b then break end\n"
+    "end\n"
+    "redis.call('SETRANGE', KEYS[1], 47, ARGV[2])\n"
+    "redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
+    "return 1\n"
 );
 
 
@@ -104,10 +113,16 @@ ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
  * (the owner is presumed dead: 502) or an unknown outcome with its status.
  * A token that does not parse as format 2 is a format 1 lock: its bytes
  * are random, and Redis expires it.
+ *
+ * A lease is judged at "at", when the reader sent the request that read
+ * it, not when the reply came (a slow reply must not make a live lease
+ * look expired), and only past a margin for the difference of the two
+ * hosts' clocks: the model checker found both.
  */
 
 ngx_uint_t
-ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status)
+ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
+    uint64_t at, ngx_msec_t margin)
 {
     u_char      *w;
     uint64_t     deadline;
@@ -132,9 +147,8 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status)
             return NGX_HTTP_IDEMPOTENCY_LEASE_OLD;
         }
 
-        return ngx_http_idempotency_epoch_msec() > deadline
-               ? NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED
-               : NGX_HTTP_IDEMPOTENCY_LEASE_LIVE;
+        return at > deadline + margin ? NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED
+                                      : NGX_HTTP_IDEMPOTENCY_LEASE_LIVE;
 
     case NGX_HTTP_IDEMPOTENCY_KIND_UNKNOWN:
         st = (ngx_uint_t) w[1] << 8 | w[2];

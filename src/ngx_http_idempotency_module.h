@@ -395,6 +395,7 @@ struct ngx_http_idempotency_ctx_s {
     /* an unknown outcome read, and the record to take over under forward */
     ngx_uint_t                       unknown_status;
     ngx_uint_t                       takes;
+    uint64_t                         sent_at;    /* epoch ms, the last claim */
     u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
     ngx_http_idempotency_record_t    record;
@@ -408,6 +409,7 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         gone:1;     /* the client went away */
     unsigned                         expired:1;  /* seen: a dead owner's */
     unsigned                         previous_unknown:1;
+    unsigned                         took_over:1;    /* forward: never free */
 };
 
 
@@ -449,6 +451,10 @@ struct ngx_http_idempotency_op_s {
     /* retry.c: a finish is sent again until acknowledged or until then */
     ngx_msec_t                       lease_end;
     ngx_msec_t                       retry_backoff;
+
+    /* a take whose reply is lost: its unknown outcome's ttl (forward) */
+    ngx_msec_t                       ttl;
+    unsigned                         forward:1;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                           info_len;
@@ -699,7 +705,8 @@ uint64_t ngx_http_idempotency_epoch_msec(void);
 void ngx_http_idempotency_lease_set(u_char *claim, ngx_msec_t lock_ttl);
 void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
     ngx_uint_t status, ngx_uint_t cause);
-ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status);
+ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
+    uint64_t at, ngx_msec_t margin);
 uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
 void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);

@@ -563,6 +563,8 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->cause = 0;
     op->lease_end = 0;
     op->retry_backoff = 0;
+    op->ttl = 0;
+    op->forward = 0;
     op->info_len = 0;
     op->zone = 0;
     op->too_large = 0;
