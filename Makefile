@@ -20,6 +20,8 @@
 #   make test-topologies  the tests that run on Redis topologies (TLS,
 #                   Cluster, Sentinel, replicas: util/topology.sh) and
 #                   the DNS stub, on ports 23000-23499
+#   make model      the protocol model checked by SPIN (model/README.md),
+#                   every configuration, about 2 minutes
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -43,7 +45,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 export TEST_NGINX_REDIS_PORT ?= 16379
 
 .PHONY: all module deps test test-asan demo bench durability torture clean fuzz \
-        deb deb-test install version-check
+        deb deb-test install version-check model
 
 all: module
 
@@ -109,6 +111,9 @@ fuzz: deps
 
 version-check:
 	@./util/version-check.sh
+
+model:
+	./model/run.sh
 
 deb:
 	@./util/deb.sh "$(BUILD)/deb"
