@@ -12,6 +12,7 @@ pkgs=(gcc make nginx nginx-dev libhiredis-dev libssl-dev redis-server
       libipc-run-perl openssl python3 python3-grpcio
       build-essential debhelper dpkg-dev fakeroot lintian
       nodejs        # t/047: Stripe's own Node.js library, from npm
+      spin          # t/050: the protocol model, checked by SPIN
       "$@")
 
 missing=()
