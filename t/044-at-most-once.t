@@ -296,7 +296,7 @@ kill 'KILL', @workers;
 waitpid $pid, 0;
 is(idem_status(post($edge_b, 'kill-1', '/lease/slow')), '409 conflict',
    'a dead owner\'s claim: 409 while its lease lasts');
-sleep 1.0 * $slow;
+sleep 1.5 * $slow;      # its lease, and a third of it for the clocks
 unknown_ok(post($edge_b, 'kill-1', '/lease/slow'), 502,
            'after the lease: the owner was lost');
 sleep 2.0 * $slow;
