@@ -497,6 +497,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     ngx_http_idempotency_wait_send(r, ctx);
+    ngx_http_idempotency_fresh_send(r, ctx);
 
     ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
 
@@ -1089,6 +1090,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         ngx_http_idempotency_keep_upstream(r, ctx);
         ngx_http_idempotency_outcome_start(r, ctx);
         ngx_http_idempotency_lease_start(r, ctx);
+        ngx_http_idempotency_fresh_report(r, ctx);
 
         return NGX_DECLINED;
 
@@ -1285,6 +1287,7 @@ ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
 
     ngx_http_idempotency_wait_detach(ctx);
     ngx_http_idempotency_notify_unwatch(ctx);
+    ngx_http_idempotency_fresh_detach(ctx);
 
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);

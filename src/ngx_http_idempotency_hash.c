@@ -116,7 +116,45 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
+    ctx->scope = scope;
+
     return ngx_http_idempotency_key_name(r, ctx, &scope, key);
+}
+
+
+/*
+ * SHA-256(scope NUL fingerprint): the request, whatever key it came with
+ * (fresh.c); the scope was kept by record_key()
+ */
+
+ngx_int_t
+ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
+    u_char *hash)
+{
+    unsigned int   len;
+    EVP_MD_CTX    *md;
+
+    md = ngx_http_idempotency_md_free;
+    if (md == NULL) {
+        md = EVP_MD_CTX_new();
+        if (md == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_http_idempotency_md_free = md;
+    }
+
+    if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
+        || EVP_DigestUpdate(md, ctx->scope.data, ctx->scope.len) != 1
+        || EVP_DigestUpdate(md, "", 1) != 1
+        || EVP_DigestUpdate(md, ctx->claim + 5, NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+           != 1
+        || EVP_DigestFinal_ex(md, hash, &len) != 1)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 

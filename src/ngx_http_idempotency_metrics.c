@@ -88,6 +88,7 @@ typedef struct {
     ngx_atomic_t         claims_lost;
     /* records that became unknown outcomes, by cause (1 to 3) */
     ngx_atomic_t         unknown[NGX_HTTP_IDEMPOTENCY_CAUSES];
+    ngx_atomic_t         fresh_keys;
     /* claim round trips per bucket (not cumulative), the last above 1s */
     ngx_atomic_t         latency[NGX_HTTP_IDEMPOTENCY_METRICS_LE];
     ngx_atomic_t         latency_usec;
@@ -808,8 +809,15 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
             "nginx_idempotency_outcomes_unknown_total{cause=\"owner_lost\"} "
             "%uA\n"
             "nginx_idempotency_outcomes_unknown_total{cause=\"store_lost\"} "
-            "%uA\n", sh->claims_lost, sh->unknown[0], sh->unknown[1],
-            sh->unknown[2]);
+            "%uA\n"
+            "# HELP nginx_idempotency_suspected_fresh_key_retries_total "
+            "Fresh keys that carried the same request (scope, method, URI, "
+            "body) as another key within idempotency_fresh_key_detect.\n"
+            "# TYPE nginx_idempotency_suspected_fresh_key_retries_total "
+            "counter\n"
+            "nginx_idempotency_suspected_fresh_key_retries_total %uA\n",
+            sh->claims_lost, sh->unknown[0], sh->unknown[1],
+            sh->unknown[2], sh->fresh_keys);
 
     rp = imcf->servers.elts;
     n = ngx_min(imcf->servers.nelts, NGX_HTTP_IDEMPOTENCY_METRICS_REDIS);
@@ -959,6 +967,19 @@ ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
     /* an unknown outcome: a claim-shaped record, its cause in the token */
     op->cause = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
                 ? value[NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2] : 0;
+}
+
+
+void
+ngx_http_idempotency_metrics_fresh_key(void)
+{
+    ngx_http_idempotency_metrics_conf_t  *mcf;
+
+    mcf = ngx_http_idempotency_metrics_get_conf();
+
+    if (mcf) {
+        (void) ngx_atomic_fetch_add(&mcf->sh->fresh_keys, 1);
+    }
 }
 
 

@@ -19,6 +19,7 @@
 
 
 #define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
+#define NGX_HTTP_IDEMPOTENCY_HEX_LEN        64      /* ...in hex */
 #define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
 #define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
 
@@ -311,6 +312,7 @@ typedef struct {
     ngx_flag_t                       retry_hints;
     ngx_flag_t                       expires_header;
     ngx_uint_t                       admin;      /* idempotency_admin */
+    ngx_msec_t                       fresh_detect;   /* 0: off */
 
     /* wait.c: WAIT after a claim and a store; 0: off */
     ngx_uint_t                       redis_wait;
@@ -410,6 +412,14 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         expired:1;  /* seen: a dead owner's */
     unsigned                         previous_unknown:1;
     unsigned                         took_over:1;    /* forward: never free */
+
+    /* fresh.c: the same request under another key */
+    ngx_str_t                        scope;
+    ngx_http_idempotency_op_t       *fresh_op;
+    u_char                           fresh_other[NGX_HTTP_IDEMPOTENCY_HEX_LEN];
+    unsigned                         fresh_sent:1;
+    unsigned                         fresh_seen:1;
+    unsigned                         fresh_reported:1;
 };
 
 
@@ -529,6 +539,8 @@ ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key);
 ngx_int_t ngx_http_idempotency_key_name(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *scope, ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
+    u_char *hash);
 ngx_int_t ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_fingerprint_update(
@@ -689,6 +701,15 @@ ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
 
+/* fresh.c: a new key per attempt */
+char *ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+void ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fresh_report(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fresh_detach(ngx_http_idempotency_ctx_t *ctx);
+
 /* admin.c: the operator's view of one key */
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -750,6 +771,7 @@ void ngx_http_idempotency_metrics_store_failed(void);
 void ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
+void ngx_http_idempotency_metrics_fresh_key(void);
 void ngx_http_idempotency_metrics_redis_up(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_metrics_redis_down(
