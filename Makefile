@@ -19,6 +19,9 @@
 #   make test-topologies  the tests that run on Redis topologies (TLS,
 #                   Cluster, Sentinel, replicas: util/topology.sh) and
 #                   the DNS stub, on ports 23000-23499
+#   make test-valkey  the whole suite, topologies included, on Valkey
+#                   instead of Redis (util/valkey.sh installs it; on
+#                   Debian 12 from bookworm-backports)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -92,11 +95,19 @@ TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
                  t/037-redis-cluster-dns.t t/038-wake-cluster.t \
                  t/039-redis-sentinel-tls.t t/041-large-topologies.t
 
-.PHONY: test-topologies
+.PHONY: test-topologies test-valkey
 
 test-topologies: deps
 	$(MAKE) module
 	TEST_FILES="$(TOPOLOGY_TESTS)" ./util/test.sh "$(MODULE)"
+
+# REDIS_SERVER, REDIS_SENTINEL and REDIS_CLI choose the server for
+# util/redis.sh, util/topology.sh and the tests
+test-valkey: deps
+	./util/valkey.sh
+	$(MAKE) module
+	REDIS_SERVER=valkey-server REDIS_SENTINEL=valkey-sentinel \
+	    REDIS_CLI=valkey-cli ./util/test.sh "$(MODULE)"
 
 fuzz: deps
 	$(MAKE) module
