@@ -518,7 +518,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
 
     ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
 
-    if (ngx_http_idempotency_wait_hold(r, ctx) == NGX_AGAIN) {
+    if (ngx_http_idempotency_wait_hold(r, ctx, reply) == NGX_AGAIN) {
         /* won: the replicas acknowledge it first, under the same timer */
         return;
     }

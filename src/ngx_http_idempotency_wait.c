@@ -21,10 +21,28 @@ static ngx_int_t ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
     redisReply *reply, ngx_log_t *log, ngx_str_t *info);
 static void ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info, u_char *buf);
+static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_touch(
+    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_wait_touch_done(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_wait_claim_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_wait_store_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
+
+
+/*
+ * The claim rewritten as it is, TTL kept, if it is still ours: a write of
+ * this connection for the WAIT behind it to count.  1: written.
+ */
+
+static ngx_str_t  ngx_http_idempotency_wait_touch_script = ngx_string(
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')\n"
+    "return 1\n"
+);
 
 
 /* idempotency_redis_wait off | N [TIMEOUT] */
@@ -237,16 +255,16 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
 
 
 /*
- * Called with the claim's decision.  NGX_AGAIN: the claim is won and the
- * request now waits for WAIT's reply, under the claim's own timer.
+ * Called with the claim's decision and reply.  NGX_AGAIN: the claim is won
+ * and the request now waits for WAIT's reply, under the claim's own timer.
  */
 
 ngx_int_t
 ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
     ngx_str_t                   info;
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_op_t  *op, *touch;
     u_char                      buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_OWNER || !ctx->conf->redis_wait) {
@@ -254,10 +272,30 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    if (ctx->wait_op == NULL) {
+    touch = NULL;
+
+    if (reply->type != REDIS_REPLY_NIL) {
+        /*
+         * The claim was sent again after a lost connection and found its
+         * own claim: it wrote nothing on this connection.  Since Redis 7.2
+         * (and in Valkey) WAIT counts only the connection's own writes and
+         * answers at once without one, as if every replica had the claim.
+         * An owner-checked rewrite of the claim goes first, and WAIT
+         * behind it.  A WAIT still pending went with another connection.
+         */
+
+        ngx_http_idempotency_wait_detach(ctx);
+
+        touch = ngx_http_idempotency_wait_touch(r, ctx);
+
+        if (touch) {
+            ngx_http_idempotency_wait_send(r, ctx);
+        }
+
+    } else if (ctx->wait_op == NULL) {
         /*
          * the WAIT sent with the claim went with its connection, and the
-         * claim was sent again: ask on the connection that answered it
+         * claim was sent again and won: ask on the connection that answered
          */
         ngx_http_idempotency_wait_send(r, ctx);
     }
@@ -265,6 +303,10 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
     op = ctx->wait_op;
 
     if (op == NULL) {
+        if (touch) {
+            touch->request = NULL;
+        }
+
         ngx_http_idempotency_wait_info(ctx, &info, buf);
 
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -276,14 +318,135 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    /* from now on, a request that goes away releases the claim */
+    /*
+     * from now on, a request that goes away releases the claim; the
+     * rewrite, if any, answers first: wait_op until then
+     */
 
     op->won = 1;
-    ctx->wait_op = NULL;
+    ctx->wait_op = touch;
     ctx->op = op;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     return NGX_AGAIN;
+}
+
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    size_t                      argvlen[5];
+    const char                 *argv[5];
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    op->request = r;
+    op->ctx = ctx;
+    op->handler = ngx_http_idempotency_wait_touch_done;
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+
+    /* by text: this follows only a claim sent again, rarely */
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_wait_touch_script.data;
+    argvlen[1] = ngx_http_idempotency_wait_touch_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) ctx->rkey.data;
+    argvlen[3] = ctx->rkey.len;
+    argv[4] = (const char *) ctx->claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen) != NGX_OK) {
+        return NULL;
+    }
+
+    return op;
+}
+
+
+/*
+ * Anything but a rewrite leaves the WAIT behind it nothing to count: the
+ * claim is refused whatever WAIT says.
+ */
+
+static void
+ngx_http_idempotency_wait_touch_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t                    info;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+    u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    r = op->request;
+
+    if (r == NULL) {
+        /* the request went away: the WAIT behind releases the claim */
+        return;
+    }
+
+    ctx = op->ctx;
+    ctx->wait_op = NULL;
+
+    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+        return;
+    }
+
+    ngx_http_idempotency_wait_info(ctx, &info, buf);
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\" refused to rewrite the "
+                      "claim sent again, for WAIT to count: %*s, the claim "
+                      "is released, %V", &ctx->redis->name,
+                      (size_t) reply->len, reply->str, &info);
+
+    } else {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\": the claim sent again "
+                      "was %s before WAIT, the claim is released, %V",
+                      &ctx->redis->name,
+                      reply ? "no longer ours" : "lost with its connection",
+                      &info);
+    }
+
+    ngx_http_idempotency_wait_fail(r, ctx);
+}
+
+
+/* the WAIT held is not to be trusted: release the claim, an error */
+
+static void
+ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_wait_detach(ctx);
+
+    if (ctx->op) {
+        /* the WAIT's reply finds no request, and no claim to release */
+        ctx->op->request = NULL;
+        ctx->op->won = 0;
+        ctx->op = NULL;
+    }
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    ngx_http_idempotency_release(r, ctx);
+
+    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    ngx_http_idempotency_wake(r);
 }
 
 
@@ -336,8 +499,21 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
 
     ngx_http_idempotency_wait_info(ctx, &info, buf);
 
-    if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log, &info)
-        != NGX_OK)
+    if (ctx->wait_op) {
+        /* a cluster redirected the rewrite: WAIT counted without it */
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\" answered WAIT before the "
+                      "rewrite of the claim sent again, the claim is "
+                      "released, %V", &ctx->redis->name, &info);
+
+        ngx_http_idempotency_wait_detach(ctx);
+        ngx_http_idempotency_release(r, ctx);
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+
+    } else if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log,
+                                               &info)
+               != NGX_OK)
     {
         ngx_http_idempotency_release(r, ctx);
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;

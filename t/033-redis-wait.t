@@ -11,8 +11,10 @@
 # - a store whose WAIT is not acknowledged is logged at error level with
 #   the key hash, the client and the request line
 # - a claim sent again after its connection broke (the WAIT behind it lost
-#   with it) is followed by a WAIT of its own: acknowledged, new; replica
-#   paused, 503 and released
+#   with it) is followed by a WAIT of its own, behind a rewrite of the
+#   claim (since Redis 7.2, and on Valkey, a WAIT on a connection that
+#   wrote nothing answers at once): acknowledged, new; replica paused, 503
+#   and released
 # - nginx -t refuses bad values and a TIMEOUT that does not fit in
 #   idempotency_redis_timeout, inherited or not
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
@@ -285,7 +287,8 @@ $r = http_post($store_port, 'store-1', 'x', '/slow', undef, 5);
 is(idem_status($r), '201 replay', "the record itself was stored on the master");
 
 # 4. the claim's connection breaks after Redis ran the claim and its WAIT:
-# the claim is sent again, finds its own claim, and asks WAIT itself
+# the claim is sent again, finds its own claim (a write of another
+# connection), rewrites it, and asks WAIT itself
 cut('after', 1);
 $r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
 is(idem_status($r), '201 new', "claim sent again: acknowledged, new");
