@@ -852,6 +852,8 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
 
     /* the reply will still come, or not: it finds no request */
 
+    ngx_http_idempotency_wait_timedout(r, ctx);
+
     if (ctx->op) {
         ctx->op->request = NULL;
         ctx->op = NULL;

@@ -634,6 +634,8 @@ void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+void ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info);

@@ -450,6 +450,36 @@ ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
 }
 
 
+/*
+ * The claim's timer fired while WAIT held it (a stalled Redis): the claim
+ * is this request's, and the request will not run protected.  It is
+ * released now, on the connection about to be reset, which sends the
+ * release again on the next one; the WAIT's own end comes with the
+ * connection closed, too late to send anything.
+ */
+
+void
+ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = ctx->op;
+
+    if (op == NULL || op->handler != ngx_http_idempotency_wait_claim_done
+        || !op->won)
+    {
+        return;
+    }
+
+    op->request = NULL;
+    op->won = 0;
+    ctx->op = NULL;
+
+    ngx_http_idempotency_release(r, ctx);
+}
+
+
 /* the request no longer waits: a late reply finds nothing to do */
 
 void

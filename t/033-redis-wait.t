@@ -15,6 +15,9 @@
 #   claim (since Redis 7.2, and on Valkey, a WAIT on a connection that
 #   wrote nothing answers at once): acknowledged, new; replica paused, 503
 #   and released
+# - the claim's timer fires while WAIT holds it (the master stalls): 503,
+#   and the claim is released once the master answers again, not left
+#   until idempotency_lock_ttl
 # - nginx -t refuses bad values and a TIMEOUT that does not fit in
 #   idempotency_redis_timeout, inherited or not
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
@@ -28,6 +31,7 @@ use CutProxy;
 use IO::Socket::INET;
 use IO::Select;
 use Time::HiRes qw(sleep time);
+use Digest::SHA ();
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
@@ -307,6 +311,39 @@ topo('replica-resume');
 $r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
 is(idem_status($r), '201 new', "the claim was released: new");
 is(runs('resend-2'), 1, "and runs once");
+
+# 5. the claim's timer fires while WAIT holds it: the master stalls past
+# idempotency_redis_timeout (2s) right after the claim, while the paused
+# replica keeps WAIT blocked
+topo('replica-pause');
+$s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$reject_port",
+                           Timeout => 5) or die "connect: $!";
+print $s "POST /pay HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    . "Idempotency-Key: stall-1\r\nContent-Length: 1\r\n\r\nx";
+sleep 0.15 * $slow;
+system("$ENV{REDIS_CLI} -p $master DEBUG SLEEP 2.5 >/dev/null 2>&1 &");
+$res = '';
+$sel = IO::Select->new($s);
+$deadline = time + 5;
+while (time < $deadline && $sel->can_read($deadline - time)) {
+    sysread($s, my $b, 65536) or last;
+    $res .= $b;
+}
+like($res, qr{^HTTP/1\.1 503 .*X-Idem: error}s,
+     "master stalled while WAIT held the claim: 503 at the claim's timeout");
+is(runs('stall-1'), 0, "the upstream did not run");
+topo('replica-resume');
+
+# the release went again on the next connection, once the master woke
+my $stall_key = 'idem:{' . Digest::SHA::sha256_hex("\0stall-1") . '}';
+my $gone = 0;
+for (1 .. 30) {
+    last if ($gone = redis_cli_at($master, 'EXISTS', $stall_key) eq '0');
+    sleep 0.1;
+}
+ok($gone, "the claim was released, not left until idempotency_lock_ttl");
+$r = http_post($reject_port, 'stall-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "so a retry is new (not 409)");
 
 is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
 
