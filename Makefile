@@ -22,6 +22,9 @@
 #                   the DNS stub, on ports 23000-23499
 #   make model      the protocol model checked by SPIN (model/README.md),
 #                   every configuration, about 2 minutes
+#   make test-valkey  the whole suite, topologies included, on Valkey
+#                   instead of Redis (util/valkey.sh installs it; on
+#                   Debian 12 from bookworm-backports)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -97,13 +100,22 @@ TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
                  t/032-redis-sentinel.t t/033-redis-wait.t \
                  t/034-store-cluster.t t/036-wake-topologies.t \
                  t/037-redis-cluster-dns.t t/038-wake-cluster.t \
-                 t/039-redis-sentinel-tls.t t/041-large-topologies.t
+                 t/039-redis-sentinel-tls.t t/041-large-topologies.t \
+                 t/043-waitaof.t
 
-.PHONY: test-topologies
+.PHONY: test-topologies test-valkey
 
 test-topologies: deps
 	$(MAKE) module
 	TEST_FILES="$(TOPOLOGY_TESTS)" ./util/test.sh "$(MODULE)"
+
+# REDIS_SERVER, REDIS_SENTINEL and REDIS_CLI choose the server for
+# util/redis.sh, util/topology.sh and the tests
+test-valkey: deps
+	./util/valkey.sh
+	$(MAKE) module
+	REDIS_SERVER=valkey-server REDIS_SENTINEL=valkey-sentinel \
+	    REDIS_CLI=valkey-cli ./util/test.sh "$(MODULE)"
 
 fuzz: deps
 	$(MAKE) module

@@ -547,7 +547,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_release_orphan(op);
     }
 
-    if (ngx_http_idempotency_wait_hold(r, ctx) == NGX_AGAIN) {
+    if (ngx_http_idempotency_wait_hold(r, ctx, reply) == NGX_AGAIN) {
         /* won: the replicas acknowledge it first, under the same timer */
         return;
     }
@@ -733,6 +733,9 @@ ngx_http_idempotency_claim_op(ngx_http_request_t *r,
 
     ngx_http_idempotency_lease_set(ctx->claim, ctx->conf->lock_ttl);
     ctx->sent_at = ngx_http_idempotency_epoch_msec();
+
+    /* until the owner renews it: what a release is sent again within */
+    ctx->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
 
     op->request = r;
     op->ctx = ctx;
@@ -1251,6 +1254,8 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
      * The reply will still come, or not: it finds no request, and releases
      * a claim that landed, unless the request now runs unprotected.
      */
+
+    ngx_http_idempotency_wait_timedout(r, ctx);
 
     if (ctx->op) {
         ctx->op->release_lost =

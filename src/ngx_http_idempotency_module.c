@@ -246,7 +246,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
     /* wait.c */
 
     { ngx_string("idempotency_redis_wait"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE123,
       ngx_http_idempotency_redis_wait,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,

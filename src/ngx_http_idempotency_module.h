@@ -314,8 +314,9 @@ typedef struct {
     ngx_uint_t                       admin;      /* idempotency_admin */
     ngx_msec_t                       fresh_detect;   /* 0: off */
 
-    /* wait.c: WAIT after a claim and a store; 0: off */
-    ngx_uint_t                       redis_wait;
+    /* wait.c: WAIT (WAITAOF with aof) after a claim and a store */
+    ngx_uint_t                       redis_wait;     /* 0 and !aof: off */
+    ngx_uint_t                       redis_wait_aof; /* unsigned:1 */
     ngx_msec_t                       redis_wait_timeout;
 
     /* the TLS of the Redis connection, applied to conf->redis */
@@ -482,6 +483,7 @@ struct ngx_http_idempotency_op_s {
     /* wait.c: the acknowledgements asked for; set by wait.c alone */
     ngx_uint_t                       replicas;
     unsigned                         won:1;      /* the claim it follows */
+    unsigned                         aof:1;      /* WAITAOF */
     /* cluster.c: the command, owned by the op until its reply */
     u_char                          *buf;
     size_t                           buf_len;
@@ -781,7 +783,7 @@ void *ngx_http_idempotency_metrics_master_add(
 void ngx_http_idempotency_metrics_master_del(void *entry);
 void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
 
-/* wait.c: WAIT N TIMEOUT, replicas acknowledge a claim or a store */
+/* wait.c: WAIT or WAITAOF, replicas acknowledge a claim or a store */
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
@@ -790,6 +792,8 @@ char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+void ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,

@@ -637,7 +637,15 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     u_char  *p, *start;
     size_t   len;
 
-    if (!node->open || node->handshake_failed || node->reset_ev.posted) {
+    /*
+     * a store or release still goes on a connection whose reset is posted
+     * (a timer that fired with the watchdog): the reset parks it for the
+     * next connection, as any store or release in flight
+     */
+
+    if (!node->open || node->handshake_failed
+        || (node->reset_ev.posted && !op->again))
+    {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
     }

@@ -3,14 +3,20 @@
  * Copyright (C) The ngx_http_idempotency_module authors
  *
  * idempotency_redis_wait: WAIT N TIMEOUT after a won claim, and after a
- * store.  WAIT counts the writes of the connection that sends it, so it
- * always goes on the connection of the claim, pipelined right behind it.
- * A claim the replicas did not acknowledge is released and is an error;
- * a store they did not acknowledge is logged.
+ * store; with "aof", WAITAOF 1 N TIMEOUT (fsynced on the primary and on N
+ * replicas).  Both count the writes of the connection that sends them, so
+ * they always go on the connection of the claim, pipelined right behind
+ * it.  A claim that was not acknowledged is released and is an error; a
+ * store that was not is logged.
  */
 
 
 #include "ngx_http_idempotency_module.h"
+
+
+/* "0 aof" is on: WAITAOF for the primary's fsync alone */
+#define ngx_http_idempotency_wait_on(conf)                                    \
+    ((conf)->redis_wait || (conf)->redis_wait_aof)
 
 
 static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_issue(
@@ -21,13 +27,31 @@ static ngx_int_t ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
     redisReply *reply, ngx_log_t *log, ngx_str_t *info);
 static void ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info, u_char *buf);
+static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_touch(
+    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_wait_touch_done(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_wait_claim_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_wait_store_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 
 
-/* idempotency_redis_wait off | N [TIMEOUT] */
+/*
+ * The claim rewritten as it is, TTL kept, if it is still ours: a write of
+ * this connection for the WAIT behind it to count.  1: written.
+ */
+
+static ngx_str_t  ngx_http_idempotency_wait_touch_script = ngx_string(
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')\n"
+    "return 1\n"
+);
+
+
+/* idempotency_redis_wait off | N [TIMEOUT] [aof] */
 
 char *
 ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -35,19 +59,21 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
-    ngx_msec_t  timeout;
     ngx_int_t   n;
     ngx_str_t  *value;
+    ngx_uint_t  nelts, aof;
+    ngx_msec_t  timeout;
 
     if (ilcf->redis_wait != NGX_CONF_UNSET_UINT) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
+    nelts = cf->args->nelts;
 
     if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
 
-        if (cf->args->nelts == 3) {
+        if (nelts > 2) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"idempotency_redis_wait off\" takes no "
                                "timeout, not \"%V\"", &value[2]);
@@ -55,23 +81,41 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         ilcf->redis_wait = 0;
+        ilcf->redis_wait_aof = 0;
         ilcf->redis_wait_timeout = 100;
         return NGX_CONF_OK;
     }
 
+    aof = 0;
+
+    if (nelts > 2 && value[nelts - 1].len == 3
+        && ngx_strncmp(value[nelts - 1].data, "aof", 3) == 0)
+    {
+        aof = 1;
+        nelts--;
+    }
+
+    if (nelts > 3) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[3]);
+        return NGX_CONF_ERROR;
+    }
+
     n = ngx_atoi(value[1].data, value[1].len);
 
-    if (n == NGX_ERROR || n == 0) {
+    /* WAIT 0 asks for nothing; WAITAOF 1 0 for the primary's own fsync */
+
+    if (n == NGX_ERROR || (n == 0 && !aof)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"idempotency_redis_wait\" expects \"off\" or "
-                           "a number of replicas of 1 or more, not \"%V\"",
-                           &value[1]);
+                           "a number of replicas of 1 or more (0 or more "
+                           "with \"aof\"), not \"%V\"", &value[1]);
         return NGX_CONF_ERROR;
     }
 
     timeout = 100;
 
-    if (cf->args->nelts == 3) {
+    if (nelts == 3) {
         timeout = ngx_parse_time(&value[2], 0);
 
         /* WAIT with 0 blocks the connection for ever */
@@ -85,6 +129,7 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     ilcf->redis_wait = n;
+    ilcf->redis_wait_aof = aof;
     ilcf->redis_wait_timeout = timeout;
 
     return NGX_CONF_OK;
@@ -107,11 +152,17 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 {
     ngx_http_idempotency_redis_t  *redis;
 
+    if (conf->redis_wait == NGX_CONF_UNSET_UINT) {
+        conf->redis_wait_aof = prev->redis_wait_aof;
+    }
+
     ngx_conf_merge_uint_value(conf->redis_wait, prev->redis_wait, 0);
     ngx_conf_merge_msec_value(conf->redis_wait_timeout,
                               prev->redis_wait_timeout, 100);
 
-    if (conf->redis_wait && conf->redis_wait_timeout >= conf->redis_timeout) {
+    if (ngx_http_idempotency_wait_on(conf)
+        && conf->redis_wait_timeout >= conf->redis_timeout)
+    {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "the \"idempotency_redis_wait\" timeout (%M ms) "
                            "must be shorter than \"idempotency_redis_timeout\""
@@ -126,7 +177,9 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 
     redis = conf->redis;
 
-    if (conf->redis_wait && conf->redis_wait_timeout > redis->wait_timeout) {
+    if (ngx_http_idempotency_wait_on(conf)
+        && conf->redis_wait_timeout > redis->wait_timeout)
+    {
         redis->wait_timeout = conf->redis_wait_timeout;
     }
 
@@ -148,21 +201,36 @@ static ngx_int_t
 ngx_http_idempotency_wait_command(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_loc_conf_t *conf)
 {
-    u_char       n[NGX_INT_T_LEN], t[NGX_INT_T_LEN];
-    size_t       argvlen[3];
-    const char  *argv[3];
+    int          n;
+    u_char       replicas[NGX_INT_T_LEN], timeout[NGX_INT_T_LEN];
+    size_t       argvlen[4];
+    const char  *argv[4];
 
     op->replicas = conf->redis_wait;
+    op->aof = conf->redis_wait_aof;
     op->won = 0;
 
-    argv[0] = "WAIT";
-    argvlen[0] = 4;
-    argv[1] = (const char *) n;
-    argvlen[1] = ngx_sprintf(n, "%ui", conf->redis_wait) - n;
-    argv[2] = (const char *) t;
-    argvlen[2] = ngx_sprintf(t, "%M", conf->redis_wait_timeout) - t;
+    n = 0;
 
-    return ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
+    if (op->aof) {
+        /* numlocal 1: the primary's own fsync is always asked for */
+        argv[n] = "WAITAOF";
+        argvlen[n++] = 7;
+        argv[n] = "1";
+        argvlen[n++] = 1;
+
+    } else {
+        argv[n] = "WAIT";
+        argvlen[n++] = 4;
+    }
+
+    argv[n] = (const char *) replicas;
+    argvlen[n++] = ngx_sprintf(replicas, "%ui", conf->redis_wait) - replicas;
+    argv[n] = (const char *) timeout;
+    argvlen[n++] = ngx_sprintf(timeout, "%M", conf->redis_wait_timeout)
+                   - timeout;
+
+    return ngx_http_idempotency_redis_command(op, n, argv, argvlen);
 }
 
 
@@ -201,7 +269,7 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
 {
     ngx_http_idempotency_op_t  *op;
 
-    if (!ctx->conf->redis_wait) {
+    if (!ngx_http_idempotency_wait_on(ctx->conf)) {
         return NULL;
     }
 
@@ -217,6 +285,9 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
         op->zone = ctx->conf->metrics_zone;
         op->info_len = 0;
         ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+        /* its release, if the claim is lost with WAIT, is sent until then */
+        op->lease_end = ctx->lease_end;
 
     } else {
         op->handler = ngx_http_idempotency_wait_store_done;
@@ -237,27 +308,49 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
 
 
 /*
- * Called with the claim's decision.  NGX_AGAIN: the claim is won and the
- * request now waits for WAIT's reply, under the claim's own timer.
+ * Called with the claim's decision and reply.  NGX_AGAIN: the claim is won
+ * and the request now waits for WAIT's reply, under the claim's own timer.
  */
 
 ngx_int_t
 ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
     ngx_str_t                   info;
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_op_t  *op, *touch;
     u_char                      buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
-    if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_OWNER || !ctx->conf->redis_wait) {
+    if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_OWNER
+        || !ngx_http_idempotency_wait_on(ctx->conf))
+    {
         ngx_http_idempotency_wait_detach(ctx);
         return NGX_DECLINED;
     }
 
-    if (ctx->wait_op == NULL) {
+    touch = NULL;
+
+    if (reply->type != REDIS_REPLY_NIL) {
+        /*
+         * The claim was sent again after a lost connection and found its
+         * own claim: it wrote nothing on this connection.  Since Redis 7.2
+         * (and in Valkey) WAIT counts only the connection's own writes and
+         * answers at once without one, as if every replica had the claim.
+         * An owner-checked rewrite of the claim goes first, and WAIT
+         * behind it.  A WAIT still pending went with another connection.
+         */
+
+        ngx_http_idempotency_wait_detach(ctx);
+
+        touch = ngx_http_idempotency_wait_touch(r, ctx);
+
+        if (touch) {
+            ngx_http_idempotency_wait_send(r, ctx);
+        }
+
+    } else if (ctx->wait_op == NULL) {
         /*
          * the WAIT sent with the claim went with its connection, and the
-         * claim was sent again: ask on the connection that answered it
+         * claim was sent again and won: ask on the connection that answered
          */
         ngx_http_idempotency_wait_send(r, ctx);
     }
@@ -265,6 +358,10 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
     op = ctx->wait_op;
 
     if (op == NULL) {
+        if (touch) {
+            touch->request = NULL;
+        }
+
         ngx_http_idempotency_wait_info(ctx, &info, buf);
 
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -276,14 +373,165 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    /* from now on, a request that goes away releases the claim */
+    /*
+     * from now on, a request that goes away releases the claim; the
+     * rewrite, if any, answers first: wait_op until then
+     */
 
     op->won = 1;
-    ctx->wait_op = NULL;
+    ctx->wait_op = touch;
     ctx->op = op;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     return NGX_AGAIN;
+}
+
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    size_t                      argvlen[5];
+    const char                 *argv[5];
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(ctx->redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    op->request = r;
+    op->ctx = ctx;
+    op->handler = ngx_http_idempotency_wait_touch_done;
+    op->rkey_len = ctx->rkey.len;
+    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
+
+    /* by text: this follows only a claim sent again, rarely */
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_wait_touch_script.data;
+    argvlen[1] = ngx_http_idempotency_wait_touch_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) ctx->rkey.data;
+    argvlen[3] = ctx->rkey.len;
+    argv[4] = (const char *) ctx->claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen) != NGX_OK) {
+        return NULL;
+    }
+
+    return op;
+}
+
+
+/*
+ * Anything but a rewrite leaves the WAIT behind it nothing to count: the
+ * claim is refused whatever WAIT says.
+ */
+
+static void
+ngx_http_idempotency_wait_touch_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t                    info;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+    u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    r = op->request;
+
+    if (r == NULL) {
+        /* the request went away: the WAIT behind releases the claim */
+        return;
+    }
+
+    ctx = op->ctx;
+    ctx->wait_op = NULL;
+
+    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+        return;
+    }
+
+    ngx_http_idempotency_wait_info(ctx, &info, buf);
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\" refused to rewrite the "
+                      "claim sent again, for WAIT to count: %*s, the claim "
+                      "is released, %V", &ctx->redis->name,
+                      (size_t) reply->len, reply->str, &info);
+
+    } else {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\": the claim sent again "
+                      "was %s before WAIT, the claim is released, %V",
+                      &ctx->redis->name,
+                      reply ? "no longer ours" : "lost with its connection",
+                      &info);
+    }
+
+    ngx_http_idempotency_wait_fail(r, ctx);
+}
+
+
+/* the WAIT held is not to be trusted: release the claim, an error */
+
+static void
+ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_wait_detach(ctx);
+
+    if (ctx->op) {
+        /* the WAIT's reply finds no request, and no claim to release */
+        ctx->op->request = NULL;
+        ctx->op->won = 0;
+        ctx->op = NULL;
+    }
+
+    if (ctx->timeout.timer_set) {
+        ngx_del_timer(&ctx->timeout);
+    }
+
+    ngx_http_idempotency_release(r, ctx);
+
+    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+    ngx_http_idempotency_wake(r);
+}
+
+
+/*
+ * The claim's timer fired while WAIT held it (a stalled Redis): the claim
+ * is this request's, and the request will not run protected.  It is
+ * released now, on the connection about to be reset, which sends the
+ * release again on the next one; the WAIT's own end comes with the
+ * connection closed, too late to send anything.
+ */
+
+void
+ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = ctx->op;
+
+    if (op == NULL || op->handler != ngx_http_idempotency_wait_claim_done
+        || !op->won)
+    {
+        return;
+    }
+
+    op->request = NULL;
+    op->won = 0;
+    ctx->op = NULL;
+
+    ngx_http_idempotency_release(r, ctx);
 }
 
 
@@ -336,8 +584,21 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
 
     ngx_http_idempotency_wait_info(ctx, &info, buf);
 
-    if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log, &info)
-        != NGX_OK)
+    if (ctx->wait_op) {
+        /* a cluster redirected the rewrite: WAIT counted without it */
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: redis \"%V\" answered WAIT before the "
+                      "rewrite of the claim sent again, the claim is "
+                      "released, %V", &ctx->redis->name, &info);
+
+        ngx_http_idempotency_wait_detach(ctx);
+        ngx_http_idempotency_release(r, ctx);
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+
+    } else if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log,
+                                               &info)
+               != NGX_OK)
     {
         ngx_http_idempotency_release(r, ctx);
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
@@ -369,25 +630,26 @@ static ngx_int_t
 ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
     redisReply *reply, ngx_log_t *log, ngx_str_t *info)
 {
-    const char  *what;
+    const char  *what, *cmd;
+    redisReply  *local, *replicas;
 
     what = op->won ? "claim, released" : "stored record";
+    cmd = op->aof ? "WAITAOF" : "WAIT";
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" went away before WAIT "
-                      "answered for the %s, %V", &op->redis->name, what,
+                      "idempotency: redis \"%V\" went away before %s "
+                      "answered for the %s, %V", &op->redis->name, cmd, what,
                       info);
         return NGX_ERROR;
     }
 
-    if (reply->type == REDIS_REPLY_INTEGER
-        && reply->integer >= (long long) op->replicas)
-    {
-        return NGX_OK;
-    }
+    if (!op->aof && reply->type == REDIS_REPLY_INTEGER) {
 
-    if (reply->type == REDIS_REPLY_INTEGER) {
+        if (reply->integer >= (long long) op->replicas) {
+            return NGX_OK;
+        }
+
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\": %L of %ui replicas "
                       "acknowledged the %s, %V", &op->redis->name,
@@ -395,17 +657,57 @@ ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
         return NGX_ERROR;
     }
 
+    /* WAITAOF: [fsynced on the primary (0 or 1), replicas that fsynced] */
+
+    if (op->aof && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2
+        && reply->element[0]->type == REDIS_REPLY_INTEGER
+        && reply->element[1]->type == REDIS_REPLY_INTEGER)
+    {
+        local = reply->element[0];
+        replicas = reply->element[1];
+
+        if (local->integer >= 1
+            && replicas->integer >= (long long) op->replicas)
+        {
+            return NGX_OK;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\": %L of 1 primary and %L "
+                      "of %ui replicas fsynced the %s, %V", &op->redis->name,
+                      (int64_t) local->integer, (int64_t) replicas->integer,
+                      op->replicas, what, info);
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR && op->aof
+        && ngx_strlcasestrn((u_char *) reply->str,
+                            (u_char *) reply->str + reply->len,
+                            (u_char *) "unknown command",
+                            sizeof("unknown command") - 1 - 1)
+           != NULL)
+    {
+        /* Redis before 7.2: never taken for an acknowledgement */
+
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" has no WAITAOF (Redis 7.2 "
+                      "or later, or Valkey, is needed for "
+                      "\"idempotency_redis_wait ... aof\"), for the %s, %V",
+                      &op->redis->name, what, info);
+        return NGX_ERROR;
+    }
+
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" refused WAIT: %*s, "
-                      "for the %s, %V", &op->redis->name,
+                      "idempotency: redis \"%V\" refused %s: %*s, "
+                      "for the %s, %V", &op->redis->name, cmd,
                       (size_t) reply->len, reply->str, what, info);
         return NGX_ERROR;
     }
 
     ngx_log_error(NGX_LOG_ERR, log, 0,
-                  "idempotency: unexpected redis reply type %d to WAIT, "
-                  "for the %s, %V", reply->type, what, info);
+                  "idempotency: unexpected redis reply type %d to %s, "
+                  "for the %s, %V", reply->type, cmd, what, info);
 
     return NGX_ERROR;
 }

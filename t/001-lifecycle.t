@@ -291,7 +291,7 @@ x
 --- init
 use Digest::SHA ();
 my $k = "shop1:{" . Digest::SHA::sha256_hex("\0lifecycle-12") . "}";
-my $n = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} EXISTS '$k'`;
+my $n = `$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} EXISTS '$k'`;
 die "no record at $k" unless $n == 1;
 --- config
     location = /t {

@@ -7,7 +7,7 @@ use IdemTest;
 
 use Digest::SHA qw(sha256_hex);
 
-my $cli = "redis-cli -p $ENV{TEST_NGINX_REDIS_PORT}";
+my $cli = "$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT}";
 system("$cli ACL SETUSER idem on '>s3cret' '~*' '+\@all' >/dev/null");
 
 sub rkey { "idem:{" . sha256_hex("\0" . shift) . "}" }
@@ -100,8 +100,8 @@ Idempotency-Key: redis-3
 
 === TEST 4: the record went to db 3, not db 0
 --- init
-my $n0 = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -n 0 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
-my $n3 = `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -n 3 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
+my $n0 = `$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -n 0 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
+my $n3 = `$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -n 3 EXISTS '@{[ "idem:{" . Digest::SHA::sha256_hex("\0redis-3") . "}" ]}'`;
 die "record in db0=$n0 db3=$n3" unless $n0 == 0 && $n3 == 1;
 --- config
     location = /t {
@@ -135,7 +135,7 @@ refused the handshake
 
 === TEST 6: a corrupt record is a Redis error, never a replay of garbage
 --- init
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SET '$ENV{TEST_NGINX_CORRUPT_KEY}' 'IDM1garbage' >/dev/null");
+system("$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} SET '$ENV{TEST_NGINX_CORRUPT_KEY}' 'IDM1garbage' >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -160,7 +160,7 @@ corrupt record in redis
 
 === TEST 7: a record truncated in its body length is corrupt too
 --- init
-system("printf 'IDM1\\002%048d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\001\\000' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_TRUNC_KEY}' >/dev/null");
+system("printf 'IDM1\\002%048d\\000\\310\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\001\\000' 0 | $ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_TRUNC_KEY}' >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -182,10 +182,10 @@ corrupt record in redis
 
 === TEST 8: wrong magic, header counts of 2^32-1 and 2^31: corrupt, no crash
 --- init
-system("printf 'XDM1\\002%048d' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_MAGIC_KEY}' >/dev/null");
-system("printf 'IDM1\\002%048d\\000\\310\\377\\377\\377\\377\\000\\000\\000\\001a' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_HUGE_KEY}' >/dev/null");
+system("printf 'XDM1\\002%048d' 0 | $ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_MAGIC_KEY}' >/dev/null");
+system("printf 'IDM1\\002%048d\\000\\310\\377\\377\\377\\377\\000\\000\\000\\001a' 0 | $ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_HUGE_KEY}' >/dev/null");
 # 2^31 headers in no bytes: 2 * n wrapped to 0 before the fuzzer found it
-system("printf 'IDM1\\002%048d\\000\\310\\200\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' 0 | redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_WRAP_KEY}' >/dev/null");
+system("printf 'IDM1\\002%048d\\000\\310\\200\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' 0 | $ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} -x SET '$ENV{TEST_NGINX_WRAP_KEY}' >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -206,7 +206,7 @@ system("printf 'IDM1\\002%048d\\000\\310\\200\\000\\000\\000\\000\\000\\000\\000
 
 === TEST 9: a key of the wrong type is a Redis error, with pass it proxies
 --- init
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} RPUSH '$ENV{TEST_NGINX_LIST_KEY}' a >/dev/null");
+system("$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} RPUSH '$ENV{TEST_NGINX_LIST_KEY}' a >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -231,7 +231,7 @@ WRONGTYPE
 The store after a NOSCRIPT goes again behind whatever was pipelined after
 it: the retry comes in the next block (t/034 tests the fallback itself).
 --- init
-system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} SCRIPT FLUSH >/dev/null");
+system("$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} SCRIPT FLUSH >/dev/null");
 --- config
     location = /pay {
         idempotency on;
@@ -272,11 +272,11 @@ X-Idem: replay
 # the worker's connection first finishes its handshake (it names itself
 # last), then Redis stalls
 for (1 .. 50) {
-    last if `redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} CLIENT LIST`
+    last if `$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} CLIENT LIST`
             =~ /name=nginx-idempotency/;
     select(undef, undef, undef, 0.1);
 }
-system("(redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} DEBUG SLEEP 1.5 >/dev/null &)");
+system("($ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} DEBUG SLEEP 1.5 >/dev/null &)");
 select(undef, undef, undef, 0.3);
 --- config
     location = /pay {

@@ -17,8 +17,8 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 my $cc = (grep { `command -v $_ 2>/dev/null` } qw(cc gcc clang))[0];
 plan skip_all => 'no C compiler to build the Redis 6.2 emulation module'
     unless $cc;
-plan skip_all => 'redis-server is not installed'
-    unless `command -v redis-server 2>/dev/null`;
+plan skip_all => "$ENV{REDIS_SERVER} is not installed"
+    unless `command -v $ENV{REDIS_SERVER} 2>/dev/null`;
 
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;    # AddressSanitizer is slow
 my $workers = 2;
@@ -65,13 +65,13 @@ system($cc, qw(-shared -fPIC -O2 -Wall -Werror -o), "$root/redis62.so",
 
 redis_stop();
 system('mkdir', '-p', $redis_dir);
-system('redis-server', '--port', $redis_port, '--bind', '127.0.0.1',
+system($ENV{REDIS_SERVER}, '--port', $redis_port, '--bind', '127.0.0.1',
        '--save', '', '--appendonly', 'no', '--daemonize', 'yes',
        '--dir', $redis_dir, '--pidfile', "$redis_dir/redis.pid",
        '--logfile', "$redis_dir/redis.log", '--unixsocket', $redis_sock,
        '--unixsocketperm', '777',
        '--loadmodule', "$root/redis62.so") == 0
-    or give_up('start redis-server');
+    or give_up("start $ENV{REDIS_SERVER}");
 for (1 .. 50) {
     last if redis('PING') eq 'PONG';
     sleep 0.1;

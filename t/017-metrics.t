@@ -205,7 +205,7 @@ is(post("fail-$t", 'x', '/fail')->{status}, 503, "a 503 is released");
     }
     sleep 0.4;
     my @keys = grep { /\S/ } split /\n/,
-               `redis-cli -p $redis_port --scan --pattern 'lost:*'`;
+               `$ENV{REDIS_CLI} -p $redis_port --scan --pattern 'lost:*'`;
     is(scalar @keys, 1, "the claim of the slow request is in Redis");
     redis_cli('DEL', $_) for @keys;
     waitpid $pid, 0;
@@ -359,7 +359,7 @@ EOC
     my $before = scrape()->{m};
     my $pid = fork // die;
     if (!$pid) {
-        exec('redis-cli', '-p', $redis_port, 'DEBUG', 'SLEEP', '0.15');
+        exec($ENV{REDIS_CLI}, '-p', $redis_port, 'DEBUG', 'SLEEP', '0.15');
     }
     sleep 0.02;
     is(post("delayed-$t", 'x')->{status}, 200, "a claim Redis delays");

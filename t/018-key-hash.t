@@ -59,7 +59,7 @@ add_block_preprocessor(sub {
 run_tests();
 
 # every record this file made, and only those, by the hashes above
-my $cli = "redis-cli -p $ENV{TEST_NGINX_REDIS_PORT}";
+my $cli = "$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT}";
 my @keys = sort split /\n/, `$cli KEYS 'idem:*'`;
 is_deeply(\@keys, [sort map { "idem:{$ENV{$_}}" }
                          qw(TEST_NGINX_HASH_1 TEST_NGINX_HASH_7)],
@@ -177,7 +177,7 @@ KEY-HASH "-" bypass
 (2m; its PTTL is checked at the end of this file)
 --- init
 system("for i in \$(seq 100); do "
-       . "v=\$(redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} PTTL "
+       . "v=\$($ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} PTTL "
        . "'idem:{$ENV{TEST_NGINX_HASH_7}}'); "
        . "if [ \"\$v\" -gt 0 ]; then "
        . "echo \$v > $ENV{TEST_NGINX_PTTL_FILE}; break; fi; "

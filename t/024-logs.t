@@ -21,7 +21,7 @@ __DATA__
     location = /backend {
         perl 'sub {
             my $r = shift;
-            system("redis-cli -p $TEST_NGINX_REDIS_PORT FLUSHALL >/dev/null");
+            system("$TEST_NGINX_REDIS_CLI -p $TEST_NGINX_REDIS_PORT FLUSHALL >/dev/null");
             $r->send_http_header("text/plain");
             $r->print("ran\n");
             return 0;

@@ -53,7 +53,7 @@ sub redis_tls {
     my ($port, $auth) = @_;
     my $dir = "$root/redis-$port";
     make_path($dir);
-    run("redis-server --bind 127.0.0.1 --port 0 --tls-port $port"
+    run("$ENV{REDIS_SERVER} --bind 127.0.0.1 --port 0 --tls-port $port"
         . " --tls-cert-file $pki/redis.crt --tls-key-file $pki/redis.key"
         . " --tls-ca-cert-file $pki/ca.crt --tls-auth-clients $auth"
         . " --save '' --appendonly no --daemonize yes --dir $dir"

@@ -30,7 +30,7 @@ sub redis_on {
     my $ip = shift;
     my $dir = "$root/redis-$ip";
     make_path($dir);
-    system("redis-server --bind $ip --port $redis_port --save ''"
+    system("$ENV{REDIS_SERVER} --bind $ip --port $redis_port --save ''"
            . " --appendonly no --daemonize yes --dir $dir --pidfile $dir/pid"
            . " --logfile $dir/log") == 0 or die "redis on $ip";
     for (1 .. 50) {
@@ -45,7 +45,7 @@ sub redis_on {
 
 sub dbsize {
     my $ip = shift;
-    my $n = `redis-cli -h $ip -p $redis_port DBSIZE 2>/dev/null`;
+    my $n = `$ENV{REDIS_CLI} -h $ip -p $redis_port DBSIZE 2>/dev/null`;
     chomp $n;
     return $n eq '' ? -1 : $n;
 }
@@ -105,7 +105,7 @@ is(scalar(grep { /signal process|reconfiguring/ } @log), 0, "no reload");
 
 # an address that refuses: the next one of the answer is tried
 set_answer('127.0.0.3', '127.0.0.2');
-system("redis-cli -h 127.0.0.2 -p $redis_port CLIENT KILL TYPE normal"
+system("$ENV{REDIS_CLI} -h 127.0.0.2 -p $redis_port CLIENT KILL TYPE normal"
        . " >/dev/null 2>&1");
 sleep 1.2;
 my @st;

@@ -19,9 +19,12 @@ use IPC::Open2;
 use Time::HiRes qw(time);
 
 my $topo = 'util/topology.sh';
+$ENV{REDIS_SERVER} ||= 'redis-server';
+$ENV{REDIS_CLI} ||= 'redis-cli';
 
-plan skip_all => 'redis-server and a redis-cli with TLS are needed'
-    unless `redis-cli --help 2>&1` =~ /--tls/ && `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} and a $ENV{REDIS_CLI} with TLS are needed"
+    unless `$ENV{REDIS_CLI} --help 2>&1` =~ /--tls/
+        && `which $ENV{REDIS_SERVER}`;
 
 my (%up, $t0);
 $t0 = time;
@@ -76,7 +79,7 @@ sub tls_for {
 # connection for several commands), cluster (-c)
 sub cli {
     my ($port, $o, @args) = @_;
-    my $cmd = "redis-cli --no-auth-warning -h 127.0.0.1 -p $port";
+    my $cmd = "$ENV{REDIS_CLI} --no-auth-warning -h 127.0.0.1 -p $port";
     if (my $t = $o->{tls}) {
         $cmd .= ' --tls';
         $cmd .= " --$_ $t->{$_}" for grep { $t->{$_} } qw(cacert cert key);

@@ -27,7 +27,7 @@ use Time::HiRes qw(sleep time);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 24000;
 $ENV{TOPO_BASE} = $base;
@@ -148,7 +148,7 @@ my $on = 0;
 for my $k (@keys) {
     my $slot = slot_of_key($k);
     my $rk = "idem:{" . sha256_hex("\0$k") . "}";
-    my $got = `redis-cli -c -p $seed EXISTS '$rk' 2>/dev/null`;
+    my $got = `$ENV{REDIS_CLI} -c -p $seed EXISTS '$rk' 2>/dev/null`;
     $on++ if $got =~ /^1/ && cli($seed, 'CLUSTER', 'KEYSLOT', $rk) == $slot;
 }
 is($on, 60, 'spread: every record at its slot');
@@ -341,7 +341,7 @@ if (topo('up', 'cluster-tls', $tls_dir)) {
     is(scalar(grep { $_ == 201 } @ts), 30, 'tls: 30 keys stored')
         or diag "@ts";
     my @tdb = map {
-        `redis-cli --tls --cacert $t/ca.crt --cert $t/client.crt --key $t/client.key -p $_ DBSIZE 2>/dev/null` =~ /(\d+)/ ? $1 : -1
+        `$ENV{REDIS_CLI} --tls --cacert $t/ca.crt --cert $t/client.crt --key $t/client.key -p $_ DBSIZE 2>/dev/null` =~ /(\d+)/ ? $1 : -1
     } $base + 21 .. $base + 23;
     is(scalar(grep { $_ > 0 } @tdb), 3, "tls: records on every master (@tdb)");
     my @p = log_problems("$d/logs/error.log");

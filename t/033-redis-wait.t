@@ -11,10 +11,15 @@
 # - a store whose WAIT is not acknowledged is logged at error level with
 #   the key hash, the client and the request line
 # - a claim sent again after its connection broke (the WAIT behind it lost
-#   with it) is followed by a WAIT of its own: acknowledged, new; replica
-#   paused, 503 and released
+#   with it) is followed by a WAIT of its own, behind a rewrite of the
+#   claim (since Redis 7.2, and on Valkey, a WAIT on a connection that
+#   wrote nothing answers at once): acknowledged, new; replica paused, 503
+#   and released
+# - the claim's timer fires while WAIT holds it (the master stalls): 503,
+#   and the claim is released once the master answers again, not left
+#   until idempotency_lock_ttl
 # - nginx -t refuses bad values and a TIMEOUT that does not fit in
-#   idempotency_redis_timeout, inherited or not
+#   idempotency_redis_timeout, inherited or not (t/043 has "aof")
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
 # master 26051, replica 26052), nginx and a slow backend at 26300-26309.
 use strict;
@@ -23,13 +28,13 @@ use lib 't/lib';
 use Test::More;
 use Fleet;
 use CutProxy;
-use IO::Socket::INET;
-use IO::Select;
+use WaitTest;
 use Time::HiRes qw(sleep time);
+use Digest::SHA ();
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 26000;
 $ENV{TOPO_BASE} = $base;
@@ -39,61 +44,19 @@ my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 my $np = $ENV{WAIT_TEST_PORT} || 26300;
 my ($reject_port, $pass_port, $store_port, $backend_port, $proxy_port,
     $resend_port) = map { $np + $_ } 0 .. 5;
-my $topo = 'util/topology.sh';
+my ($proxy_pid, $dir);
 
-my ($up, $backend_pid, $proxy_pid, $dir);
-
-# whatever happens, nothing stays running (down continues a paused replica)
+# whatever happens, nothing stays running (WaitTest stops the topology)
 END {
     local $?;
     nginx_stop($dir) if $dir;
-    kill 'KILL', $backend_pid if $backend_pid;
     kill 'KILL', $proxy_pid if $proxy_pid;
-    system("$topo down replica >/dev/null 2>&1") if $up;
 }
 $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
-
-sub topo {
-    my $out = `$topo @_ 2>&1`;
-    my $ok = $? == 0;
-    chomp $out;
-    ok($ok, "topology.sh @_") or diag $out;
-    return $ok;
-}
 
 my $root = fleet_root('redis-wait');
 
 # ------------------------------------------------------------ nginx -t
-
-my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
-my ($module) = grep { /idempotency/ }
-               split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
-
-# nginx_t(inside of http{}, inside of location{}) -> (ok, output)
-sub nginx_t {
-    my ($http, $loc) = @_;
-    open my $fh, '>', "$root/t.conf" or die $!;
-    print $fh <<"EOC";
-load_module $module;
-error_log $root/t.log;
-pid $root/t.pid;
-events {}
-http {
-    idempotency_redis 127.0.0.1:$master;
-    $http
-    server {
-        listen 127.0.0.1:$reject_port;
-        location / {
-            idempotency on;
-            $loc
-        }
-    }
-}
-EOC
-    close $fh;
-    my $out = `$nginx -t -p $root/ -c $root/t.conf 2>&1`;
-    return ($out =~ /test is successful/ ? 1 : 0, $out);
-}
 
 # another protected location on the same Redis
 my $other_server = sub {
@@ -103,7 +66,7 @@ my $other_server = sub {
 
 my @bad = (
     ['', 'idempotency_redis_wait x;',
-     qr/"idempotency_redis_wait" expects "off" or a number of replicas of 1 or more, not "x"/],
+     qr/"idempotency_redis_wait" expects "off" or a number of replicas of 1 or more \(0 or more with "aof"\), not "x"/],
     ['', 'idempotency_redis_wait 0;', qr/not "0"/],
     ['', 'idempotency_redis_wait -1;', qr/not "-1"/],
     ['', 'idempotency_redis_wait 1x;', qr/not "1x"/],
@@ -111,7 +74,9 @@ my @bad = (
      qr/"idempotency_redis_wait" timeout must be at least 1ms, not "0"/],
     ['', 'idempotency_redis_wait 1 soon;', qr/not "soon"/],
     ['', 'idempotency_redis_wait off 10ms;', qr/takes no timeout/],
-    ['', 'idempotency_redis_wait 1 1 1;', qr/invalid number of arguments/],
+    ['', 'idempotency_redis_wait 1 1 1;', qr/invalid parameter "1"/],
+    ['', 'idempotency_redis_wait 1 1 aof 1;',
+     qr/invalid number of arguments/],
     ['', 'idempotency_redis_wait 1; idempotency_redis_wait 2;',
      qr/is duplicate/],
     ['', 'idempotency_redis_wait 1 1s;',
@@ -130,52 +95,28 @@ my @bad = (
      qr/\(500 ms\) on redis "127\.0\.0\.1:$master" must be shorter than the smallest "idempotency_redis_timeout" \(300 ms\)/],
 );
 
-for my $c (@bad) {
-    my ($ok, $out) = nginx_t($c->[0], $c->[1]);
-    ok(!$ok, "nginx -t refuses: $c->[0] $c->[1]");
-    like($out, $c->[2], "...and says why") or diag $out;
-}
+my @good = (
+    ['', 'idempotency_redis_wait 1;'],
+    ['', 'idempotency_redis_wait 2 250ms;'],
+    ['', 'idempotency_redis_wait off;'],
+    ['idempotency_redis_wait 1 50ms;', ''],
+    ['idempotency_redis_wait 1 2s; idempotency_redis_timeout 3s;',
+     'idempotency_redis_wait off;'],
+    # a shorter timeout where no WAIT is sent is no watchdog issue
+    # for a location that is off
+    ["server { listen 127.0.0.1:$pass_port; location / {"
+     . " idempotency_redis_timeout 300ms; } }",
+     'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;'],
+);
 
-for my $c (['', 'idempotency_redis_wait 1;'],
-           ['', 'idempotency_redis_wait 2 250ms;'],
-           ['', 'idempotency_redis_wait off;'],
-           ['idempotency_redis_wait 1 50ms;', ''],
-           ['idempotency_redis_wait 1 2s; idempotency_redis_timeout 3s;',
-            'idempotency_redis_wait off;'],
-           # a shorter timeout where no WAIT is sent is no watchdog issue
-           # for a location that is off
-           ["server { listen 127.0.0.1:$pass_port; location / {"
-            . " idempotency_redis_timeout 300ms; } }",
-            'idempotency_redis_timeout 2s; idempotency_redis_wait 1 500ms;'])
-{
-    my ($ok, $out) = nginx_t(@$c);
-    ok($ok, "nginx -t accepts: $c->[0] $c->[1]") or diag $out;
-}
+nginx_t_cases($root, $master, $reject_port, \@bad, \@good);
 
 # ------------------------------------------------------------ topology
 
-$up = 1;
 topo('up', 'replica') or BAIL_OUT('no replica topology');
 
 # a backend that answers after 1.5 s: time to pause the replica meanwhile
-$backend_pid = fork // die "fork: $!";
-if ($backend_pid == 0) {
-    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$backend_port",
-                                  Listen => 16, ReuseAddr => 1)
-        or die "backend: $!";
-    while (my $c = $l->accept) {
-        my $req = '';
-        while ($req !~ /\r\n\r\n/) {
-            sysread($c, my $b, 4096) or last;
-            $req .= $b;
-        }
-        sleep 1.5 * $slow;
-        print $c "HTTP/1.1 201 Created\r\nContent-Length: 5\r\n"
-            . "Connection: close\r\n\r\nslow\n";
-        close $c;
-    }
-    exit 0;
-}
+slow_backend($backend_port, 1.5 * $slow);
 
 # cuts the connection of a claim's SET (and its WAIT) after Redis ran it
 $proxy_pid = cut_proxy($proxy_port, $master, "$root/cut");
@@ -192,17 +133,7 @@ $dir = nginx_conf('wait',
     . (pay_server('wait', $resend_port,
                   "idempotency_redis 127.0.0.1:$proxy_port;$wait")
        =~ s/^\s*log_format.*\n//mr)
-    . <<"EOC", 1);
-    server {
-        listen 127.0.0.1:$store_port;
-        $redis
-        location = /slow {
-            idempotency on;
-            add_header X-Idem \$idempotency_status always;
-            proxy_pass http://127.0.0.1:$backend_port;
-        }
-    }
-EOC
+    . slow_server($store_port, "$redis", $backend_port), 1);
 nginx_start($dir);
 sleep 0.3 * $slow;
 
@@ -260,19 +191,10 @@ is(runs('paused-pass'), 2, "so it runs again");
 
 # 3. a store whose WAIT fails: the claim was acknowledged, then the replica
 # stops while the upstream works
-my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$store_port",
-                              Timeout => 5) or die "connect: $!";
-print $s "POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-    . "Idempotency-Key: store-1\r\nContent-Length: 1\r\n\r\nx";
+my $s = post_async($store_port, 'store-1', '/slow');
 sleep 0.4 * $slow;
 topo('replica-pause');
-my $res = '';
-my $sel = IO::Select->new($s);
-my $deadline = time + 5;
-while (time < $deadline && $sel->can_read($deadline - time)) {
-    sysread($s, my $b, 65536) or last;
-    $res .= $b;
-}
+my $res = read_response($s, 5);
 like($res, qr{^HTTP/1\.1 201 .*X-Idem: new}s,
      "the claim was acknowledged before the pause: new");
 sleep 0.6 * $slow;    # the WAIT timeout, after the store
@@ -285,7 +207,8 @@ $r = http_post($store_port, 'store-1', 'x', '/slow', undef, 5);
 is(idem_status($r), '201 replay', "the record itself was stored on the master");
 
 # 4. the claim's connection breaks after Redis ran the claim and its WAIT:
-# the claim is sent again, finds its own claim, and asks WAIT itself
+# the claim is sent again, finds its own claim (a write of another
+# connection), rewrites it, and asks WAIT itself
 cut('after', 1);
 $r = http_post($resend_port, 'resend-1', 'x', undef, undef, 5);
 is(idem_status($r), '201 new', "claim sent again: acknowledged, new");
@@ -304,6 +227,30 @@ topo('replica-resume');
 $r = http_post($resend_port, 'resend-2', 'x', undef, undef, 5);
 is(idem_status($r), '201 new', "the claim was released: new");
 is(runs('resend-2'), 1, "and runs once");
+
+# 5. the claim's timer fires while WAIT holds it: the master stalls past
+# idempotency_redis_timeout (2s) right after the claim, while the paused
+# replica keeps WAIT blocked
+topo('replica-pause');
+$s = post_async($reject_port, 'stall-1', '/pay');
+sleep 0.15 * $slow;
+system("$ENV{REDIS_CLI} -p $master DEBUG SLEEP 2.5 >/dev/null 2>&1 &");
+$res = read_response($s, 5);
+like($res, qr{^HTTP/1\.1 503 .*X-Idem: error}s,
+     "master stalled while WAIT held the claim: 503 at the claim's timeout");
+is(runs('stall-1'), 0, "the upstream did not run");
+topo('replica-resume');
+
+# the release went again on the next connection, once the master woke
+my $stall_key = 'idem:{' . Digest::SHA::sha256_hex("\0stall-1") . '}';
+my $gone = 0;
+for (1 .. 30) {
+    last if ($gone = redis_cli_at($master, 'EXISTS', $stall_key) eq '0');
+    sleep 0.1;
+}
+ok($gone, "the claim was released, not left until idempotency_lock_ttl");
+$r = http_post($reject_port, 'stall-1', 'x', undef, undef, 5);
+is(idem_status($r), '201 new', "so a retry is new (not 409)");
 
 is(scalar log_problems("$dir/logs/error.log"), 0, "no crash or alert");
 

@@ -17,7 +17,7 @@ use Wake;
 use Time::HiRes qw(time sleep);
 
 plan skip_all => 'the module is not loaded' unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 25000;
 $ENV{TOPO_BASE} = $base;

@@ -35,7 +35,7 @@ use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
 plan skip_all => 'the module is not loaded' unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 25000;
 $ENV{TOPO_BASE} = $base;
@@ -240,7 +240,7 @@ $up_tls = 1;
 topo('up', 'cluster-tls', $tls_dir);
 my @tnodes = map { $base + $_ } 21 .. 26;
 my $t = "$tls_dir/tls";
-my $tcli = "redis-cli --tls --cacert $t/ca.crt --cert $t/client.crt"
+my $tcli = "$ENV{REDIS_CLI} --tls --cacert $t/ca.crt --cert $t/client.crt"
            . " --key $t/client.key";
 
 sub announce {

@@ -30,7 +30,7 @@ use Time::HiRes qw(time sleep);
 use POSIX ();
 
 plan skip_all => 'the module is not loaded' unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 25000;
 $ENV{TOPO_BASE} = $base;
@@ -53,7 +53,7 @@ $SIG{$_} = sub { $SIG{PIPE} = 'IGNORE'; exit 1 } for qw(INT TERM HUP PIPE);
 sub cli {
     my ($p, @args) = @_;
     my $cmd = join ' ', map { "'$_'" } @args;
-    my $out = `redis-cli --tls --cacert $tdir/tls/ca.crt -p $p $cmd 2>/dev/null`;
+    my $out = `$ENV{REDIS_CLI} --tls --cacert $tdir/tls/ca.crt -p $p $cmd 2>/dev/null`;
     chomp $out;
     return $out;
 }

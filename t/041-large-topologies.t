@@ -21,7 +21,7 @@ use Time::HiRes qw(sleep);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
-plan skip_all => 'redis-server is needed' unless `which redis-server`;
+plan skip_all => "$ENV{REDIS_SERVER} is needed" unless `which $ENV{REDIS_SERVER}`;
 
 my $base = $ENV{TOPO_BASE} || 26400;
 $ENV{TOPO_BASE} = $base;

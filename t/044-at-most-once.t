@@ -308,7 +308,8 @@ like(join('', lines_of("$b/logs/error.log")),
 # a claim whose reply was lost to a Redis stall is released once Redis is
 # back: the retry runs instead of a 409 for the lock's lifetime
 
-system("redis-cli -p $redis_port DEBUG SLEEP @{[ 0.8 * $slow ]} >/dev/null &");
+my $cli = $ENV{REDIS_CLI} || 'redis-cli';
+system("$cli -p $redis_port DEBUG SLEEP @{[ 0.8 * $slow ]} >/dev/null &");
 sleep 0.1;
 is(idem_status(post($edge_a, 'stall-1', '/quick')), '503 error',
    'Redis stalls during the claim: 503');

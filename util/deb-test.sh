@@ -68,7 +68,8 @@ skip() {
 
 [ "$(id -u)" -eq 0 ] || skip "not root (apt-get install needs it)"
 [ -f /etc/debian_version ] || skip "not Debian"
-for t in dpkg-buildpackage dh_nginx apt-get nginx redis-server curl; do
+for t in dpkg-buildpackage dh_nginx apt-get nginx "${REDIS_SERVER:-redis-server}" \
+         curl; do
     command -v "$t" >/dev/null 2>&1 || skip "$t is not installed (make deps)"
 done
 [ -f "$abi_file" ] || skip "$abi_file missing (nginx-dev)"
@@ -199,7 +200,8 @@ check "the stock nginx loaded it: the $version notice" \
 
 # ---- smoke test: a private nginx with the installed .so
 
-if redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; then
+if "${REDIS_CLI:-redis-cli}" -p "$redis_port" ping 2>/dev/null |
+       grep -q PONG; then
     echo "# using the Redis on port $redis_port"
 else
     ./util/redis.sh start "$redis_port" >/dev/null && started_redis=1

@@ -8,6 +8,12 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 
 export TEST_NGINX_REDIS_PORT=${TEST_NGINX_REDIS_PORT:-16379}
+# the server, Sentinel and client of util/redis.sh, util/topology.sh and
+# the tests: valkey-server, valkey-sentinel and valkey-cli for Valkey
+export REDIS_SERVER=${REDIS_SERVER:-redis-server}
+export REDIS_SENTINEL=${REDIS_SENTINEL:-$REDIS_SERVER}
+export REDIS_CLI=${REDIS_CLI:-redis-cli}
+export TEST_NGINX_REDIS_CLI=$REDIS_CLI
 export TEST_NGINX_REDIS_SOCKET=/tmp/ngx-idempotency-redis-$TEST_NGINX_REDIS_PORT/redis.sock
 export TEST_NGINX_BINARY=${TEST_NGINX_BINARY:-/usr/sbin/nginx}
 export TEST_NGINX_MODULE=$module

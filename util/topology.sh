@@ -45,6 +45,11 @@
 #                   certificate optional; master name "idem"
 #   +200..+499      not used here: left to the tests (nginx, DNS stub)
 #
+# REDIS_SERVER, REDIS_SENTINEL and REDIS_CLI name the server, the Sentinel
+# and the client: redis-server, redis-server (run with --sentinel) and
+# redis-cli by default; valkey-server, valkey-sentinel and valkey-cli for
+# Valkey, whose configuration and commands are the same here.
+#
 # Every data node also has the ACL user "idem", password "idem-password",
 # with every command and key; the default user needs no password. The TLS
 # topologies' DIR/tls holds ca.crt, redis.crt/.key (SAN DNS:localhost,
@@ -58,7 +63,9 @@
 set -euo pipefail
 
 base=${TOPO_BASE:-23000}
-cli_base=(redis-cli --no-auth-warning -h 127.0.0.1)
+server_bin=${REDIS_SERVER:-redis-server}
+sentinel_bin=${REDIS_SENTINEL:-$server_bin}
+cli_base=("${REDIS_CLI:-redis-cli}" --no-auth-warning -h 127.0.0.1)
 tls_args=()
 me=${0##*/}
 
@@ -127,7 +134,7 @@ node_dir() { echo "$dir/$1"; }
 
 # pid_of PORT: the pid of a running instance, or nothing. The pid file
 # may outlive its process (kill -9), and a pid may be reused: check that
-# it is still a Redis.
+# it is still a Redis (or a Valkey).
 pid_of() {
     local f pid comm state
     f=$(node_dir "$1")/redis.pid
@@ -135,7 +142,7 @@ pid_of() {
     pid=$(cat "$f")
     [[ $pid =~ ^[0-9]+$ ]] || return 0
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 0
-    [[ $comm == redis-* ]] || return 0
+    [[ $comm == redis-* || $comm == valkey-* ]] || return 0
     state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) || return 0
     [ "$state" != Z ] || return 0
     echo "$pid"
@@ -280,10 +287,13 @@ EOF
 }
 
 start() { # start PORT: from its configuration, until it answers PING
-    local port=$1 d extra=()
+    local port=$1 d bin=$server_bin extra=()
     d=$(node_dir "$port")
-    grep -q '^sentinel monitor' "$d/redis.conf" && extra=(--sentinel)
-    redis-server "$d/redis.conf" "${extra[@]}" >/dev/null
+    if grep -q '^sentinel monitor' "$d/redis.conf"; then
+        bin=$sentinel_bin
+        extra=(--sentinel)
+    fi
+    "$bin" "$d/redis.conf" "${extra[@]}" >/dev/null
     # our pid file first: a PING could be answered by a stranger on the
     # port, and a Redis that cannot bind exits before writing it
     wait_for 100 answers "$port" ||

@@ -21,6 +21,10 @@ our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
 
 my $root;
 
+# the server and client util/test.sh names (valkey-server for Valkey)
+$ENV{REDIS_SERVER} ||= 'redis-server';
+$ENV{REDIS_CLI} ||= 'redis-cli';
+
 sub have_module {
     return grep { /idempotency/ }
            split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
@@ -223,7 +227,7 @@ sub redis_cli {
 sub redis_cli_at {
     my ($port, @args) = @_;
     my $cmd = join ' ', map { "'$_'" } @args;
-    my $out = `redis-cli -p $port $cmd 2>/dev/null`;
+    my $out = `$ENV{REDIS_CLI} -p $port $cmd 2>/dev/null`;
     chomp $out;
     return $out;
 }

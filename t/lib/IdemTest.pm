@@ -16,7 +16,9 @@ sub import {
     Test::Nginx::Socket::no_long_string();
 
     $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
-    system("redis-cli -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
+    $ENV{REDIS_CLI} ||= 'redis-cli';
+    $ENV{TEST_NGINX_REDIS_CLI} ||= $ENV{REDIS_CLI};
+    system("$ENV{REDIS_CLI} -p $ENV{TEST_NGINX_REDIS_PORT} FLUSHALL >/dev/null");
 
     Test::Nginx::Socket::add_block_preprocessor(\&preprocess);
 }
