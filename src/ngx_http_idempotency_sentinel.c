@@ -34,6 +34,7 @@ struct ngx_http_idempotency_sentinel_s {
     ngx_event_t                      refresh_ev;
     ngx_event_t                      ask_ev;
     ngx_msec_t                       asked;
+    ngx_uint_t                       tried;      /* the Sentinel's addr */
 
     unsigned                         answered:1; /* by this connection */
     unsigned                         stale:1;    /* its answer was wrong */
@@ -449,6 +450,7 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
     }
 
     s->answered = 0;
+    s->tried = node->addr;
 
     argv[0] = "SENTINEL";
     argvlen[0] = 8;
@@ -951,7 +953,13 @@ ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    if (!s->answered || s->stale) {
+    /*
+     * once per connection: a connect that failed or timed out has moved
+     * on already, and moving twice would skip every other address (of
+     * two, such as a name's [::1] and 127.0.0.1, the second forever)
+     */
+
+    if ((!s->answered || s->stale) && node->addr == s->tried) {
         node->addr++;
     }
 
