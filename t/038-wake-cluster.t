@@ -173,6 +173,18 @@ sub numsub {
     return ($out =~ /(\d+)\s*$/)[0] // 0;
 }
 
+# numsub once the subscribers had time to move: polled, not a fixed sleep,
+# which a loaded machine outlasts; the deadline ends it if they never do
+sub numsub_soon {
+    my ($p, $key) = @_;
+    my $deadline = time + 2 * $slow;
+    my $n;
+    while (($n = numsub($p, $key)) < 1 && time < $deadline) {
+        sleep 0.05;
+    }
+    return $n;
+}
+
 # 2. the key's slot moves to another master while they wait
 {
     my $src = $m[0];
@@ -185,8 +197,7 @@ sub numsub {
         $on_src = numsub($src, $key);
         topo('cluster-migrate-slot', $slot, $dst);
         topo('cluster-finish-migration');
-        sleep 0.3;
-        $on_dst = numsub($dst, $key);
+        $on_dst = numsub_soon($dst, $key);
         $checked = time;
     });
     cmp_ok($checked, '<', $done, 'migration: seen while they waited');
@@ -213,8 +224,7 @@ sub numsub {
     my $late = wake_round($key, '-long', sub {
         sleep 0.1;
         topo('cluster-reshard', 300, $from, $to);
-        sleep 0.3;
-        $on_to = numsub($to, $key);
+        $on_to = numsub_soon($to, $key);
         $checked = time;
     });
     cmp_ok($checked, '<', $done, 'reshard: seen while they waited');
@@ -232,8 +242,7 @@ sub numsub {
     my ($orig, @d) = round($k[0], '-long', \@at, sub {
         sleep 0.2;
         $killed += cli($_, 'CLIENT', 'KILL', 'TYPE', 'pubsub') for @m;
-        sleep 0.3;
-        $again = numsub(owner($k[0]), $k[0]);
+        $again = numsub_soon(owner($k[0]), $k[0]);
         $checked = time;
     });
     cmp_ok($checked, '<', $orig->{done}, 'CLIENT KILL: seen while they '
