@@ -17,6 +17,9 @@
 #                   $(DESTDIR)$(DOCDIR), for layouts other than Debian's
 #   make version-check  src/ngx_http_idempotency_version.h, CHANGELOG.md
 #                   and debian/changelog name the same version
+#   make check-nginx NGINX_SRC=DIR  build the module with -Werror against
+#                   the nginx source tree DIR (a release or a git checkout)
+#                   in 3 configurations (docs/compatibility.md)
 #   make test-topologies  the tests that run on Redis topologies (TLS,
 #                   Cluster, Sentinel, replicas: util/topology.sh) and
 #                   the DNS stub, on ports 23000-23499
@@ -127,6 +130,11 @@ version-check:
 model:
 	./model/run.sh
 
+.PHONY: check-nginx
+
+check-nginx:
+	./util/check-nginx.sh "$(NGINX_SRC)"
+
 deb:
 	@./util/deb.sh "$(BUILD)/deb"
 
@@ -137,6 +145,7 @@ install: $(MODULE)
 	install -d "$(DESTDIR)$(MODULES_DIR)" "$(DESTDIR)$(DOCDIR)"
 	install -m 644 "$(MODULE)" "$(DESTDIR)$(MODULES_DIR)/"
 	install -m 644 README.md CHANGELOG.md LICENSE docs/design.md \
-	    docs/directives.md docs/operations.md "$(DESTDIR)$(DOCDIR)/"
+	    docs/directives.md docs/operations.md docs/compatibility.md \
+	    "$(DESTDIR)$(DOCDIR)/"
 	@echo "installed ngx_http_idempotency_module $(VERSION)" \
 	    "into $(DESTDIR)$(MODULES_DIR)"
