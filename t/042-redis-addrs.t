@@ -1,16 +1,18 @@
-# A Redis or a Sentinel whose address is a name with several addresses,
+# A Redis, a Sentinel or a cluster seed whose address is a name with several addresses,
 # or several addresses of which the first is dead: a failed connect moves
 # to the next address, as nginx's upstream does, so the live one is found.
-# - Sentinels by two addresses, the first refusing: the second is asked
+# - Sentinels by two addresses, the first refusing: the second is asked;
+#   the same for two Redis Cluster seeds
 # - a name whose first address refuses, resolved by nginx at startup from
 #   /etc/hosts (Debian's: "::1 localhost" with 127.0.0.1, the server on
-#   127.0.0.1 only): a standalone Redis and a Sentinel by that name. nginx
-#   runs in a private mount namespace with that hosts file (unshare, as
-#   root); skipped where there is none or where ::1 does not come first
+#   127.0.0.1 only): a standalone Redis, a Sentinel and a cluster seed by
+#   that name. nginx runs in a private mount namespace with that hosts
+#   file (unshare, as root); skipped where there is none or where ::1 does
+#   not come first
 # - a name resolved by the http resolver (t/lib/DnsStub.pm) to a dead and
 #   a live address: every request served
-# Plain Test::More: its own Redis and Sentinel on 127.0.0.1 only, nginx on
-# 20804-20809, the DNS stub on 20803 (ports 20800-20809).
+# Plain Test::More: its own Redis, Sentinel and one-node cluster on
+# 127.0.0.1 only (20800-20802), the DNS stub on 20803, nginx on 20804-20809.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -26,7 +28,8 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 plan skip_all => 'redis-server is needed' unless `which redis-server`;
 
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
-my ($redis_port, $sentinel_port, $dns_port) = (20801, 20802, 20803);
+my ($cluster_port, $redis_port, $sentinel_port, $dns_port)
+    = (20800, 20801, 20802, 20803);
 my $next_port = 20804;
 
 my $root = fleet_root('addrs');
@@ -49,7 +52,7 @@ sub server {
         "appendonly no", "daemonize yes", "dir $dir",
         "pidfile $dir/redis.pid", "logfile $dir/redis.log", @conf, '';
     close $fh;
-    my @mode = @conf ? ('--sentinel') : ();
+    my @mode = (grep { /^sentinel / } @conf) ? ('--sentinel') : ();
     system('redis-server', "$dir/redis.conf", @mode) == 0
         or die "redis-server $name";
     ok(wait_until(5, sub {
@@ -63,6 +66,14 @@ sub server {
 server('redis', $redis_port);
 server('sentinel', $sentinel_port,
        "sentinel monitor idem 127.0.0.1 $redis_port 1");
+
+# a cluster of one master that has every slot
+server('cluster', $cluster_port, 'cluster-enabled yes',
+       "cluster-config-file $root/cluster/nodes.conf");
+`redis-cli -p $cluster_port CLUSTER ADDSLOTSRANGE 0 16383`;
+ok(wait_until(5, sub {
+       `redis-cli -p $cluster_port CLUSTER INFO` =~ /cluster_state:ok/ }),
+   'the cluster is up');
 
 sub instance {
     my ($name, $redis, $http) = @_;
@@ -100,6 +111,17 @@ my @dirs;
        'sentinels: the first was tried');
 }
 
+# two cluster seeds, the first refusing
+
+{
+    my ($dir, $port) = instance('seeds',
+        "idempotency_redis 127.0.0.5:$cluster_port 127.0.0.1:$cluster_port"
+        . " cluster;");
+    push @dirs, $dir;
+    works('seeds', $dir, $port,
+          qr/connected to redis .*\(127\.0\.0\.1:$cluster_port\)/);
+}
+
 # a name from /etc/hosts whose first address refuses
 
 SKIP: {
@@ -119,7 +141,7 @@ SKIP: {
     my @order = map { (split)[0] }
                 `$with_hosts getent ahosts localhost 2>/dev/null`;
     skip 'no private mount namespace with a hosts file of ::1 first'
-         . " (got: @order)", 7
+         . " (got: @order)", 10
         unless @order && $order[0] eq '::1'
                && grep { $_ eq '127.0.0.1' } @order;
 
@@ -141,6 +163,12 @@ SKIP: {
     push @dirs, $dir;
     works('sentinel-name', $dir, $port,
           qr/the master is 127\.0\.0\.1:$redis_port\b/);
+
+    ($dir, $port) = instance('seed-name',
+        "idempotency_redis localhost:$cluster_port cluster;");
+    push @dirs, $dir;
+    works('seed-name', $dir, $port,
+          qr/connected to redis .*\(127\.0\.0\.1:$cluster_port\)/);
 }
 
 # the http resolver's answer: a dead address and a live one, in either
