@@ -52,6 +52,9 @@
 # scenario.  It exits non-zero only when a correctness check fails, never
 # for a missed performance target.
 #
+# BENCH_MODULE_DIRECTIVES adds directives to the module edge's location,
+# to measure what one costs (idempotency_fresh_key_detect 10m;).
+#
 # Environment: BENCH_QUICK=1 (1 round of 3 s per scenario, 20 wait trials:
 # a smoke run), BENCH_ROUNDS (3), BENCH_DURATION (10 s: fresh, replay,
 # bypass), BENCH_LARGE_DURATION (4), BENCH_SWEEP_DURATION (4),
@@ -294,7 +297,8 @@ edge_conf "$DIR" module "$MODULE_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0; "201 bypass bypass" 0;' \
     "            idempotency on;
-            idempotency_redis 127.0.0.1:$REDIS_PORT;"
+            idempotency_redis 127.0.0.1:$REDIS_PORT;
+            ${BENCH_MODULE_DIRECTIVES:-}"
 
 # the module edges of the topology scenarios: the same as "module" but for
 # the Redis they use; the wait edge proxies to bench/wait.py's slow upstream
