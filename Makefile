@@ -6,8 +6,11 @@
 #   make test-asan  the same with the module built under AddressSanitizer
 #   make demo       a running demo with curl output
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
-#   make torture    faults, load, reload, soak at full size, then 5 min of
-#                   fuzzing per parser (about 13 min)
+#   make torture    faults, load, reload, soak at full size, the fault
+#                   campaign, then 5 min of fuzzing per parser (about 15 min)
+#   make faults     the fault campaign (faults/campaign.py, about 3 min):
+#                   retried POSTs through two nginx under one fault per
+#                   round, every key judged; regenerates docs/faults.md
 #   make durability what each Redis persistence setting loses on kill -9
 #   make deb        the Debian package libnginx-mod-http-idempotency in
 #                   build/deb/ (dh_nginx); prints the .deb's path last
@@ -51,7 +54,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 export TEST_NGINX_REDIS_PORT ?= 16379
 
 .PHONY: all module deps test test-asan demo bench durability torture clean fuzz \
-        deb deb-test install version-check model
+        deb deb-test install version-check model faults
 
 all: module
 
@@ -89,7 +92,12 @@ torture: deps
 	TORTURE_FULL=1 TEST_FILES="t/004-conflict.t t/005-redis.t \
 	    t/007-input.t t/020-torture.t t/030-soak.t" \
 	    ./util/test.sh "$(MODULE)"
+	./faults/run.sh "$(MODULE)"
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh key record
+
+faults: deps
+	$(MAKE) module
+	./faults/run.sh "$(MODULE)" docs/faults.md
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan t/servroot*
