@@ -79,7 +79,7 @@ $front
         location = /fail { return 503 "no\\n"; }
         location = /big { root $root/www; }
         location = /slow { echo_sleep 0.5; echo "slow"; }
-        location = /slower { echo_sleep 1.6; echo "slower"; }
+        location = /slower { echo_sleep 2.5; echo "slower"; }
         location = /slowbig { echo_sleep 0.5; echo_duplicate 307200 "x"; }
     }
 EOC
@@ -233,7 +233,7 @@ for my $case (['/small', "ok\n"], ['/big', $big]) {
 # still meets a live claim (a renewal refused would have let it expire)
 {
     my $s = post_start($acl_port, 'acl-lease', '/slower');
-    sleep 1.3 * $slow;
+    sleep 1.6;      # past the lock (1s) and its margin (a third): renewed?
     $r = http_post($acl_port, 'acl-lease', 'x', '/slower');
     is(idem_status($r), '409 conflict', "acl-lease: renewed as store-acl");
     is(idem_status(post_finish($s)), '200 new', "acl-lease: the original");
