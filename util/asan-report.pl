@@ -22,9 +22,10 @@ for my $f (glob "$dir/asan*") {
 
         } elsif ($para =~ /^(Direct|Indirect) leak of/m) {
             # a block of an nginx pool (the cycle's, left to the OS) is
-            # nginx's, whichever allocation happened to need a new block
+            # nginx's, whichever allocation happened to need a new block;
+            # arrays and lists in a pool grow by new pool blocks too
             my @top = grep { /^\s+#[0-4] / } split /\n/, $para;
-            my $pool = grep { /\bngx_(?:palloc|pcalloc|pnalloc|pmemalign|create_pool)\b/ }
+            my $pool = grep { /\bngx_(?:palloc|pcalloc|pnalloc|pmemalign|create_pool|array_push|array_push_n|list_push)\b/ }
                        @top;
             if (!$pool && $para =~ /idempotency|hiredis|libcrypto/) {
                 $ours++;
