@@ -684,6 +684,8 @@ char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
     EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
+ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
+    ngx_str_t *directive, ngx_str_t *name, u_char *buf, size_t size);
 
 /* lease.c: the owner's lease inside its claim */
 extern ngx_str_t  ngx_http_idempotency_renew_script;
