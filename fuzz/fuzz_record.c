@@ -84,6 +84,15 @@ ngx_strncasecmp(u_char *s1, u_char *s2, size_t n)
 }
 
 
+size_t
+ngx_http_idempotency_crypt_room(ngx_array_t *keys)
+{
+    fprintf(stderr, "fuzz_record: unexpected call to "
+            "ngx_http_idempotency_crypt_room()\n");
+    abort();
+}
+
+
 void
 ngx_log_error_core(ngx_uint_t level, ngx_log_t *log, ngx_err_t err,
     const char *fmt, ...)

@@ -28,6 +28,8 @@ static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_store_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, u_char *rec, size_t len);
 static void ngx_http_idempotency_consume(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_expires(ngx_http_request_t *r,
@@ -322,7 +324,9 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    size = (cap->last - cap->start) + cap->body_len;
+    /* the envelope of a sealed record is not counted */
+    size = (cap->last - cap->start) + cap->body_len
+           - ngx_http_idempotency_crypt_room(ctx->conf->encrypt_keys);
 
     if (n > ctx->conf->store_max_size - size) {
         ngx_http_idempotency_too_large(r, ctx);
@@ -377,12 +381,15 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
     u_char                          *p, *value;
-    size_t                           head, len, tlen;
+    size_t                           head, len, tlen, room, tag;
     ngx_chain_t                     *cl;
     ngx_http_idempotency_capture_t  *cap;
 
     cap = &ctx->capture;
     ctx->capturing = 0;
+
+    room = ngx_http_idempotency_crypt_room(ctx->conf->encrypt_keys);
+    tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
 
     /* the upstream's trailers (grpc_pass) are in place with the last buf */
     tlen = ngx_http_idempotency_record_trailers_size(r, ctx->conf);
@@ -399,9 +406,8 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
         }
 
         if (tlen == 0) {
-            ngx_http_idempotency_finish(ctx, cap->start,
-                                        cap->end - cap->start,
-                                        ctx->conf->ttl, r->connection->log);
+            ngx_http_idempotency_store_record(r, ctx, cap->start,
+                                              cap->end - cap->start);
             return;
         }
 
@@ -411,12 +417,12 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
         len = (cap->last - cap->start) + cap->body_len;
     }
 
-    if (tlen > ctx->conf->store_max_size - len) {
+    if (tlen > ctx->conf->store_max_size - (len - room)) {
         ngx_http_idempotency_too_large(r, ctx);
         return;
     }
 
-    value = ngx_pnalloc(r->pool, len + tlen);
+    value = ngx_pnalloc(r->pool, len + tlen + tag);
     if (value == NULL) {
         ngx_http_idempotency_give_up(r, ctx);
         return;
@@ -444,7 +450,31 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
                                                  value + len);
     }
 
-    ngx_http_idempotency_finish(ctx, value, len + tlen, ctx->conf->ttl,
+    ngx_http_idempotency_store_record(r, ctx, value, len + tlen);
+}
+
+
+/* the record as it goes to Redis: sealed where it is, if keys are set */
+
+static void
+ngx_http_idempotency_store_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, u_char *rec, size_t len)
+{
+    if (ctx->conf->encrypt_keys
+        && ngx_http_idempotency_crypt_seal(ctx->conf->encrypt_keys,
+                                           &ctx->rkey, rec, &len)
+           != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot seal the record, not stored, "
+                      "key hash %*s",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      ngx_http_idempotency_key_hash(ctx));
+        ngx_http_idempotency_give_up(r, ctx);
+        return;
+    }
+
+    ngx_http_idempotency_finish(ctx, rec, len, ctx->conf->ttl,
                                 r->connection->log);
 }
 

@@ -565,6 +565,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
     u_char                         *data;
+    ngx_int_t                       rc;
     ngx_pool_cleanup_t             *cln;
     ngx_http_idempotency_record_t  *rec;
 
@@ -665,7 +666,19 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
 
     rec = &ctx->record;
 
-    if (ngx_http_idempotency_record_decode(data, reply->len, rec) != NGX_OK) {
+    /* a sealed record is opened in place, or refused as a Redis error */
+
+    rc = ngx_http_idempotency_crypt_open(ctx->conf->encrypt_keys,
+                                         r->connection->log, &ctx->rkey,
+                                         data, reply->len, rec);
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    }
+
+    if (rc == NGX_DECLINED
+        && ngx_http_idempotency_record_decode(data, reply->len, rec)
+           != NGX_OK)
+    {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: corrupt record in redis \"%V\" "
                       "at \"%V\" (%uz bytes)",

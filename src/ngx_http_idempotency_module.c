@@ -138,6 +138,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_encrypt_key"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_idempotency_encrypt_key,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_redis_prefix"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_idempotency_prefix,
@@ -556,6 +563,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->dry_run = NGX_CONF_UNSET;
     conf->secret = NGX_CONF_UNSET_PTR;
     conf->fresh_detect = NGX_CONF_UNSET_MSEC;
+    conf->encrypt_keys = NGX_CONF_UNSET_PTR;
     conf->problem_error_member = NGX_CONF_UNSET;
     conf->retry_hints = NGX_CONF_UNSET;
     conf->expires_header = NGX_CONF_UNSET;
@@ -610,6 +618,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
     ngx_conf_merge_ptr_value(conf->secret, prev->secret, NULL);
     ngx_conf_merge_msec_value(conf->fresh_detect, prev->fresh_detect, 0);
+    ngx_conf_merge_ptr_value(conf->encrypt_keys, prev->encrypt_keys, NULL);
     ngx_conf_merge_value(conf->problem_error_member,
                          prev->problem_error_member, 1);
     ngx_conf_merge_value(conf->retry_hints, prev->retry_hints, 1);

@@ -52,6 +52,10 @@
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE       2
 #define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
+#define NGX_HTTP_IDEMPOTENCY_REC_SEALED     5   /* 2 or 4, encrypted */
+
+/* the GCM tag that ends a sealed record */
+#define NGX_HTTP_IDEMPOTENCY_TAG_LEN        16
 
 /*
  * Format 2 claims (lease.c): the token is owner[8] | 0xC1 | kind | word[6];
@@ -292,6 +296,7 @@ typedef struct {
     size_t                           key_max_length;
     ngx_http_complex_value_t        *scope;
     ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
+    ngx_array_t                     *encrypt_keys;   /* crypt.c, or NULL */
     ngx_uint_t                       methods;
     ngx_flag_t                       required;
     ngx_msec_t                       ttl;
@@ -557,6 +562,8 @@ ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
 /* record.c */
 ngx_int_t ngx_http_idempotency_record_decode(u_char *data, size_t len,
     ngx_http_idempotency_record_t *rec);
+ngx_int_t ngx_http_idempotency_record_decode_plain(u_char *head, u_char *p,
+    size_t len, ngx_http_idempotency_record_t *rec);
 ngx_int_t ngx_http_idempotency_record_header(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
     u_char *head);
@@ -721,6 +728,18 @@ char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
     EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
+ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
+    ngx_str_t *directive, ngx_str_t *name, u_char *buf, size_t size);
+
+/* crypt.c: completed records sealed with AES-256-GCM */
+char *ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+size_t ngx_http_idempotency_crypt_room(ngx_array_t *keys);
+ngx_int_t ngx_http_idempotency_crypt_seal(ngx_array_t *keys, ngx_str_t *rkey,
+    u_char *rec, size_t *len);
+ngx_int_t ngx_http_idempotency_crypt_open(ngx_array_t *keys, ngx_log_t *log,
+    ngx_str_t *rkey, u_char *data, size_t len,
+    ngx_http_idempotency_record_t *rec);
 
 /* lease.c: the owner's lease inside its claim */
 extern ngx_str_t  ngx_http_idempotency_renew_script;

@@ -12,6 +12,8 @@
  *   done with trailers: as done, then u32 t | t * (u32 len, name, u32 len,
  *               value), t >= 1 (a response without trailers is "done", so
  *               records of versions that knew no trailers still decode)
+ *   sealed:     either done record, encrypted (crypt.c); it is built with
+ *               room for the envelope after its head
  *
  * Decoding trusts nothing: a record that does not parse exactly is an error.
  */
@@ -32,6 +34,8 @@ static u_char *ngx_http_idempotency_put16(u_char *p, ngx_uint_t v);
 static u_char *ngx_http_idempotency_put32(u_char *p, uint32_t v);
 static u_char *ngx_http_idempotency_put64(u_char *p, uint64_t v);
 static ngx_uint_t ngx_http_idempotency_skip_header(ngx_str_t *lowcase);
+static ngx_int_t ngx_http_idempotency_record_done(u_char *p, u_char *last,
+    ngx_http_idempotency_record_t *rec);
 static u_char *ngx_http_idempotency_record_fields(u_char *p, u_char *last,
     uint32_t n);
 static u_char *ngx_http_idempotency_record_list(ngx_http_request_t *r,
@@ -62,9 +66,7 @@ ngx_int_t
 ngx_http_idempotency_record_decode(u_char *data, size_t len,
     ngx_http_idempotency_record_t *rec)
 {
-    u_char    *p, *last;
-    uint32_t   n;
-    uint64_t   body_len;
+    u_char  *p, *last;
 
     p = data;
     last = data + len;
@@ -99,11 +101,51 @@ ngx_http_idempotency_record_decode(u_char *data, size_t len,
 
     case NGX_HTTP_IDEMPOTENCY_REC_DONE:
     case NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS:
-        break;
+        return ngx_http_idempotency_record_done(p, last, rec);
 
     default:
         return NGX_ERROR;
     }
+}
+
+
+/*
+ * The plaintext of a sealed record, opened in place (crypt.c): its inner
+ * state, then a done record after its head; the head is the clear one
+ */
+
+ngx_int_t
+ngx_http_idempotency_record_decode_plain(u_char *head, u_char *p, size_t len,
+    ngx_http_idempotency_record_t *rec)
+{
+    if (len == 0) {
+        return NGX_ERROR;
+    }
+
+    ngx_memzero(rec, sizeof(ngx_http_idempotency_record_t));
+
+    rec->state = p[0];
+    rec->fingerprint = head + 5;
+    rec->token = head + 5 + NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+
+    if (rec->state != NGX_HTTP_IDEMPOTENCY_REC_DONE
+        && rec->state != NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_record_done(p + 1, p + len, rec);
+}
+
+
+/* a done record from its status on; rec->state tells whether trailers */
+
+static ngx_int_t
+ngx_http_idempotency_record_done(u_char *p, u_char *last,
+    ngx_http_idempotency_record_t *rec)
+{
+    uint32_t  n;
+    uint64_t  body_len;
 
     if (last - p < 2 + 4) {
         return NGX_ERROR;
@@ -245,7 +287,7 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
     u_char *head)
 {
     u_char      *p, *count;
-    size_t       size, head_size;
+    size_t       size, head_size, room, tag;
     uint32_t     n;
     ngx_str_t    ct_name, ct, status_line;
     ngx_uint_t   pass;
@@ -293,7 +335,17 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
                 size += cap->expected;
             }
 
-            cap->start = ngx_pnalloc(r->pool, size);
+            /*
+             * a sealed record is encrypted where it is: room for its
+             * envelope after the head and for its tag after the end, not
+             * counted in idempotency_store_max_size
+             */
+
+            room = ngx_http_idempotency_crypt_room(conf->encrypt_keys);
+            tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
+            size += room;
+
+            cap->start = ngx_pnalloc(r->pool, size + tag);
             if (cap->start == NULL) {
                 return NGX_ERROR;
             }
@@ -302,6 +354,7 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
 
             p = ngx_cpymem(cap->start, head, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
             cap->start[4] = NGX_HTTP_IDEMPOTENCY_REC_DONE;
+            p += room;
 
             p = ngx_http_idempotency_put16(p, r->headers_out.status);
             count = p;

@@ -9,7 +9,8 @@
  * HMAC is computed on the digest contexts the module already uses: the
  * inner and outer pads are absorbed once, at configuration time, and each
  * request continues copies of them (RFC 2104), with no MAC object to set
- * up per request.
+ * up per request.  The file is read by the helper that reads the key files
+ * of idempotency_encrypt_key too (crypt.c).
  */
 
 
@@ -35,11 +36,9 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char                  pad[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
     size_t                  len;
     ssize_t                 n;
-    ngx_fd_t                fd;
     ngx_str_t              *value, name;
     ngx_uint_t              i;
     unsigned int            dlen;
-    ngx_file_info_t         fi;
     ngx_pool_cleanup_t     *cln;
     ngx_http_idempotency_secret_t  *s;
 
@@ -56,41 +55,9 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
 
     name = value[1];
 
-    if (ngx_conf_full_name(cf->cycle, &name, 1) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    fd = ngx_open_file(name.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
-    if (fd == NGX_INVALID_FILE) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           ngx_open_file_n " \"%V\" failed", &name);
-        return NGX_CONF_ERROR;
-    }
-
-    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           ngx_fd_info_n " \"%V\" failed", &name);
-        (void) ngx_close_file(fd);
-        return NGX_CONF_ERROR;
-    }
-
-    /* a secret others can read is no secret */
-
-    if (fi.st_mode & (S_IRWXG | S_IRWXO)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency_key_secret\" file \"%V\" must not "
-                           "be accessible to group or others (chmod 600)",
-                           &name);
-        (void) ngx_close_file(fd);
-        return NGX_CONF_ERROR;
-    }
-
-    n = ngx_read_fd(fd, buf, sizeof(buf));
-    (void) ngx_close_file(fd);
-
-    if (n == -1) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           ngx_read_fd_n " \"%V\" failed", &name);
+    n = ngx_http_idempotency_secret_read(cf, &cmd->name, &name, buf,
+                                         sizeof(buf));
+    if (n == NGX_ERROR) {
         return NGX_CONF_ERROR;
     }
 
@@ -168,6 +135,63 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     ilcf->secret = s;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Reads the secret file of a directive (idempotency_key_secret,
+ * idempotency_encrypt_key) into buf: at most size bytes, so that a caller
+ * asking one byte more than it accepts sees a file too long.  A file that
+ * group or others may access is refused.  name becomes the full name.
+ * Returns the bytes read, or NGX_ERROR once logged.
+ */
+
+ssize_t
+ngx_http_idempotency_secret_read(ngx_conf_t *cf, ngx_str_t *directive,
+    ngx_str_t *name, u_char *buf, size_t size)
+{
+    ssize_t          n;
+    ngx_fd_t         fd;
+    ngx_file_info_t  fi;
+
+    if (ngx_conf_full_name(cf->cycle, name, 1) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    fd = ngx_open_file(name->data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (fd == NGX_INVALID_FILE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_open_file_n " \"%V\" failed", name);
+        return NGX_ERROR;
+    }
+
+    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_fd_info_n " \"%V\" failed", name);
+        (void) ngx_close_file(fd);
+        return NGX_ERROR;
+    }
+
+    /* a secret others can read is no secret */
+
+    if (fi.st_mode & (S_IRWXG | S_IRWXO)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" file \"%V\" must not be accessible to "
+                           "group or others (chmod 600)", directive, name);
+        (void) ngx_close_file(fd);
+        return NGX_ERROR;
+    }
+
+    n = ngx_read_fd(fd, buf, size);
+    (void) ngx_close_file(fd);
+
+    if (n == -1) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_read_fd_n " \"%V\" failed", name);
+        return NGX_ERROR;
+    }
+
+    return n;
 }
 
 

@@ -304,4 +304,20 @@ sub get_front {
 EOC
 }
 
+# nginx_test(dir, inside of http{}) -> (ok, output): nginx -t of a
+# configuration that loads the modules; judged by what nginx says, not
+# its exit code, which LeakSanitizer changes
+push @EXPORT, 'nginx_test';
+sub nginx_test {
+    my ($dir, $http) = @_;
+    my $load = join '', map { "load_module $_;\n" }
+               grep { $_ } split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+    open my $fh, '>', "$dir/nginx-t.conf" or die $!;
+    print $fh "${load}error_log $dir/nginx-t.log;\npid $dir/nginx-t.pid;\n"
+              . "events {}\nhttp {\n$http\n}\n";
+    close $fh;
+    my $out = `@{[ nginx_bin() ]} -t -p $dir/ -c $dir/nginx-t.conf 2>&1`;
+    return ($out =~ /test is successful/ ? 1 : 0, $out);
+}
+
 1;
