@@ -467,6 +467,7 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     u_char                         *p, *h;
     size_t                          len;
     uint64_t                        now, expires, lease;
+    ngx_int_t                       rc;
     ngx_str_t                       name, value, src, dst;
     ngx_buf_t                      *b;
     ngx_uint_t                      i, kind, status, hsize;
@@ -475,8 +476,18 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
 
     *out = NULL;
 
-    if (ngx_http_idempotency_record_decode(ctx->value, ctx->len, &rec)
-        != NGX_OK)
+    /* a sealed record is opened with the location's keys, as on replay */
+
+    rc = ngx_http_idempotency_crypt_open(ctx->conf->encrypt_keys,
+                                         r->connection->log, &ctx->rkey,
+                                         ctx->value, ctx->len, &rec);
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_BAD_GATEWAY;
+    }
+
+    if (rc == NGX_DECLINED
+        && ngx_http_idempotency_record_decode(ctx->value, ctx->len, &rec)
+           != NGX_OK)
     {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: corrupt record in redis \"%V\" at \"%V\" "

@@ -11,6 +11,8 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use MIME::Base64 ();
+use IO::Socket::INET;
 use JSON::PP;
 use File::Temp qw(tempdir);
 use Digest::SHA qw(sha256_hex);
@@ -105,6 +107,9 @@ sub edge {
         location /idem.Pay/ {
             idempotency on;
             grpc_pass grpc://127.0.0.1:$grpc_port;
+        }
+        location = /admin {
+            idempotency_admin;
         }
     }
 EOC
@@ -433,6 +438,28 @@ SKIP: {
 is(new_errors() =~ s/^.*sealed record not opened.*\n//mgr, '',
    'no other error logged');
 is(join('', log_problems($log)), '', 'no alert, crash or sanitizer report');
+
+# idempotency_admin opens a sealed record with the location's keys, and
+# cannot without them
+{
+    my $get = sub {
+        my ($port, $q) = @_;
+        my $c = IO::Socket::INET->new("127.0.0.1:$port") or return '';
+        print $c "GET /admin?$q HTTP/1.0\r\nHost: x\r\n\r\n";
+        local $/;
+        return <$c> // '';
+    };
+    my $res = $get->($a_port, "key=${run}seal-small&body=1");
+    like($res, qr/"state":"completed"/, 'admin: a sealed record, opened')
+        or diag $res;
+    like($res, qr/PLAINTEXT-HEADER Jane Q Cardholder/,
+         '...its headers in clear for the operator');
+    my ($b64) = $res =~ /"body":"([^"]*)"/;
+    is(MIME::Base64::decode_base64($b64 // ''), $file{small},
+       '...and its body with &body=1');
+    like($get->($b_port, "key=${run}seal-small"), qr{^HTTP/1\.[01] 502}m,
+         'admin: without its key, 502, never shown');
+}
 
 nginx_stop($edge);
 nginx_stop($origin);
