@@ -31,8 +31,15 @@
 #                 must do (no wrk): Redis CPU per native SET of a new
 #                 200-byte and 256 KB value and per GET of 256 KB
 #                 (redis-benchmark, 32 clients), SHA-256 of the 64 KB body
-#                 (openssl speed); the report turns them into the best
-#                 large-fresh and large-replay ratios reachable here
+#                 and AES-256-GCM of the 256 KB response (openssl speed:
+#                 what BENCH_ENCRYPT=1 adds per large record); the report
+#                 turns them into the best large-fresh and large-replay
+#                 ratios reachable here
+#
+# With BENCH_ENCRYPT=1 every module edge seals its records with
+# idempotency_encrypt_key (a key made by `openssl rand 32` in BENCH_DIR),
+# so two runs, one with and one without, measure what encryption costs;
+# the report's first line says which it was.
 #
 # tls-fresh etc. can be named alone in BENCH_SCENARIOS.  The plain side of
 # the tls and cluster scenarios is the same plain edge, run in alternation.
@@ -64,8 +71,8 @@
 # BENCH_WAIT_DELAY_MS (200), BENCH_WAIT_GAP_MS ("20:50"),
 # BENCH_WAIT_PARALLEL (4 trials at a time), BENCH_WAIT_TIMEOUT (5s),
 # BENCH_SCENARIOS ("fresh replay bypass large-fresh large-replay sweep tls
-# cluster wait floor"), BENCH_UPSTREAM_WORKERS (2), BENCH_DIR
-# (/tmp/ngx-idempotency-bench), BENCH_UPSTREAM_PORT (18101),
+# cluster wait floor"), BENCH_ENCRYPT (0), BENCH_UPSTREAM_WORKERS (2),
+# BENCH_DIR (/tmp/ngx-idempotency-bench), BENCH_UPSTREAM_PORT (18101),
 # BENCH_PLAIN_PORT (18102), BENCH_MODULE_PORT (18103), BENCH_REDIS_PORT
 # (16500), TOPO_BASE (16600: the TLS Redis on +0 and +1, the cluster on
 # +11..+16 and +111..+116, see util/topology.sh), TOPO_DIR (BENCH_DIR/topo),
@@ -286,6 +293,14 @@ body "$DIR/www/large.json" "$LARGE_RESPONSE"
 
 # --- configuration ----------------------------------------------------------
 
+# BENCH_ENCRYPT=1: the module edges seal their records
+SEAL=
+if [ "${BENCH_ENCRYPT:-0}" = 1 ]; then
+    (umask 077; openssl rand 32 > "$DIR/bench.key")
+    SEAL="
+            idempotency_encrypt_key $DIR/bench.key;"
+fi
+
 upstream_conf "$DIR" "$UPSTREAM_PORT" "$UPSTREAM_WORKERS"
 
 edge_conf "$DIR" plain "$PLAIN_PORT" "$UPSTREAM_PORT" "" \
@@ -297,7 +312,7 @@ edge_conf "$DIR" module "$MODULE_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0; "201 bypass bypass" 0;' \
     "            idempotency on;
-            idempotency_redis 127.0.0.1:$REDIS_PORT;
+            idempotency_redis 127.0.0.1:$REDIS_PORT;$SEAL
             ${BENCH_MODULE_DIRECTIVES:-}"
 
 # the module edges of the topology scenarios: the same as "module" but for
@@ -308,20 +323,20 @@ edge_conf "$DIR" tls "$TLS_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '        "201 new new" 0; "201 replay replay" 0;' \
     "            idempotency on;
             idempotency_redis 127.0.0.1:$TLS_REDIS_PORT tls;
-            idempotency_redis_tls_trusted_certificate $tls_dir/tls/ca.crt;"
+            idempotency_redis_tls_trusted_certificate $tls_dir/tls/ca.crt;$SEAL"
 
 edge_conf "$DIR" cluster "$CLUSTER_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0;' \
     "            idempotency on;
-            idempotency_redis 127.0.0.1:$CLUSTER_SEED_PORT cluster;"
+            idempotency_redis 127.0.0.1:$CLUSTER_SEED_PORT cluster;$SEAL"
 
 edge_conf "$DIR" wait "$WAIT_PORT" "$WAIT_UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0;' \
     "            idempotency on;
             idempotency_redis 127.0.0.1:$REDIS_PORT;
-            idempotency_wait $WAIT_TIMEOUT;"
+            idempotency_wait $WAIT_TIMEOUT;$SEAL"
 
 ./util/redis.sh start "$REDIS_PORT" >/dev/null
 REDIS_PID=$(cat "$REDIS_DIR/redis.pid")
@@ -568,6 +583,16 @@ seed() {
              "\"201 true\" (replayed), got:" >&2
         printf '%s\n' "$got" | head -4 >&2
         return 1
+    fi
+    # BENCH_ENCRYPT=1: what the module edge stored is sealed (state 5)
+    if [ -n "$SEAL" ] && [ "${5:-$MODULE_PORT}" = "$MODULE_PORT" ]; then
+        got=$(redis-cli -p "$REDIS_PORT" GETRANGE \
+                  "idem:{$(printf '\0%s' "$1-1" | sha256sum | cut -d' ' -f1)}" 4 4 |
+              head -c 1 | od -An -tu1 | tr -d ' \n')
+        if [ "$got" != 5 ]; then
+            echo "seeding $1-*: the record is not sealed (state \"$got\")" >&2
+            return 1
+        fi
     fi
 }
 
@@ -1069,6 +1094,12 @@ floor_scenario() {
                2>/dev/null | awk '/^sha256/ { v = $NF } END { printf "%.0f", v }')
     printf 'sha_large\t%.1f\n' \
         "$(echo "$LARGE_BODY / ($kbps * 1000) * 1000000" | bc -l)" >> "$FLOORS"
+
+    # what sealing or opening the 256 KB record costs (idempotency_encrypt_key)
+    kbps=$(openssl speed -evp aes-256-gcm -bytes "$LARGE_RESPONSE" -seconds 1 \
+               2>/dev/null | awk 'tolower($1) ~ /^aes-256-gcm/ { v = $NF } END { printf "%.0f", v }')
+    printf 'gcm_large\t%.1f\n' \
+        "$(echo "$LARGE_RESPONSE / ($kbps * 1000) * 1000000" | bc -l)" >> "$FLOORS"
     sed 's/^/    /' "$FLOORS"
 }
 
@@ -1143,6 +1174,11 @@ summary() {
 } > "$DIR/summary.tsv"
 
 report() {
+    if [ -n "$SEAL" ]; then
+        echo "== records sealed: idempotency_encrypt_key on every module edge (BENCH_ENCRYPT=1) =="
+    else
+        echo "== records in clear (BENCH_ENCRYPT=1 seals them) =="
+    fi
     echo "== results: medians over rounds; ratio = median of per-round module/plain =="
     echo "   (box = CPU of the whole machine per request: wrk, both nginx, Redis, kernel)"
     printf '%-14s %5s | %7s %7s %5s | %13s | %15s %5s | %13s %5s | %6s | %13s | %11s | %s\n' \
@@ -1239,6 +1275,7 @@ report() {
             printf "  client CPU to send it (redis-benchmark)           %7.1f us\n", fl["set_large_client"]
             printf "  Redis CPU per native GET of a 256 KB value        %7.1f us\n", fl["get_large"]
             printf "  SHA-256 of the 64 KB body (the fingerprint)       %7.1f us\n", fl["sha_large"]
+            printf "  AES-256-GCM of the 256 KB response (a seal, an open) %4.1f us\n", fl["gcm_large"]
             if (have["large-fresh"]) {
                 b = box["large-fresh"]
                 printf "  large fresh:  plain box %.0f us + SET 256 KB (Redis and client) + SHA-256 -> at best %.2fx plain (measured %.2fx)\n",
