@@ -37,7 +37,7 @@ NGINX_SRC  ?= /usr/share/nginx/src
 NGINX_BIN  ?= /usr/sbin/nginx
 BUILD      ?= $(CURDIR)/build
 MODULE      = $(BUILD)/ngx_http_idempotency_module.so
-SRCS        = config $(wildcard src/*.c src/*.h)
+SRCS        = config $(wildcard src/*.[ch] src/*/*.[ch])
 EXTRA_CFLAGS ?=
 VERSION    := $(shell sed -n \
     's/^\#define NGX_HTTP_IDEMPOTENCY_VERSION *"\(.*\)"/\1/p' \

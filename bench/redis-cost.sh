@@ -3,7 +3,7 @@
 # native alternatives (docs/performance.md, "Suggestions").
 #
 # Starts a private Redis (port BENCH_REDIS_PORT+2, 16502), loads the module's
-# claim and finish scripts exactly as src/ngx_http_idempotency_script.c has
+# claim and finish scripts exactly as src/store/ngx_http_idempotency_script.c has
 # them, and runs redis-benchmark (8 clients) for each command below, printing
 # Redis's time per call from INFO commandstats (CONFIG RESETSTAT before each;
 # a script's figure includes the GET/SET it runs).  About 30 seconds.
@@ -24,7 +24,7 @@ r() { redis-cli -p "$PORT" "$@"; }
 
 # the scripts, from the C source: the lines between ngx_string( and );
 script() {
-    sed -n "/$1 = ngx_string(/,/^);/p" src/ngx_http_idempotency_script.c \
+    sed -n "/$1 = ngx_string(/,/^);/p" src/store/ngx_http_idempotency_script.c \
         | sed -n 's/^ *"\(.*\)\\n"$/\1/p' | sed "s/\\\\'/'/g"
 }
 claim=$(script ngx_http_idempotency_claim_script)

@@ -57,6 +57,6 @@ build() {
     echo "built $out/$name"
 }
 
-build fuzz_key       "$top/fuzz/fuzz_key.c"       "$top/src/ngx_http_idempotency_key.c"
-build fuzz_record    "$top/fuzz/fuzz_record.c"    "$top/src/ngx_http_idempotency_record.c"
-build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" "$top/src/ngx_http_idempotency_record.c"
+build fuzz_key       "$top/fuzz/fuzz_key.c"       "$top/src/http/ngx_http_idempotency_key.c"
+build fuzz_record    "$top/fuzz/fuzz_record.c"    "$top/src/store/ngx_http_idempotency_record.c"
+build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" "$top/src/store/ngx_http_idempotency_record.c"

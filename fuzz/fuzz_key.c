@@ -1,7 +1,7 @@
 
 /*
  * libFuzzer target for ngx_http_idempotency_parse_key()
- * (src/ngx_http_idempotency_key.c).
+ * (src/http/ngx_http_idempotency_key.c).
  *
  * Input: byte 0 chooses max (1..255, or 1024 for 0xff), the rest is the
  * Idempotency-Key header value.  Both the value and the output buffer are

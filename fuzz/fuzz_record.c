@@ -1,7 +1,7 @@
 
 /*
  * libFuzzer target for ngx_http_idempotency_record_decode()
- * (src/ngx_http_idempotency_record.c): the input is a record as read back
+ * (src/store/ngx_http_idempotency_record.c): the input is a record as read back
  * from Redis, copied into a malloc()ed buffer of exactly its size.
  *
  * Checked on every input:

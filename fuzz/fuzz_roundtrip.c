@@ -1,6 +1,6 @@
 
 /*
- * libFuzzer round trip through src/ngx_http_idempotency_record.c: a
+ * libFuzzer round trip through src/store/ngx_http_idempotency_record.c: a
  * response built from the input is serialised with
  * ngx_http_idempotency_record_header() (+ the body the way filter.c adds
  * it), then read back with ngx_http_idempotency_record_decode().
