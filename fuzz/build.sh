@@ -44,7 +44,8 @@ done
 ngx=$out/nginx
 incs=(-I "$ngx/src/core" -I "$ngx/src/event" -I "$ngx/src/event/modules"
       -I "$ngx/src/os/unix" -I "$ngx/objs" -I "$ngx/src/http"
-      -I "$ngx/src/http/modules" -I "$ngx/src/http/v2" -I "$top/src")
+      -I "$ngx/src/http/modules" -I "$ngx/src/http/v2" -I "$top/src"
+      -I "$top/src/http" -I "$top/src/store" -I "$top/src/redis")
 
 cflags=(-g -O1 -fno-omit-frame-pointer -fsanitize="$SAN"
         -fno-sanitize-recover=undefined
@@ -57,6 +58,10 @@ build() {
     echo "built $out/$name"
 }
 
-build fuzz_key       "$top/fuzz/fuzz_key.c"       "$top/src/http/ngx_http_idempotency_key.c"
-build fuzz_record    "$top/fuzz/fuzz_record.c"    "$top/src/store/ngx_http_idempotency_record.c"
-build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" "$top/src/store/ngx_http_idempotency_record.c"
+src=$top/src
+build fuzz_key       "$top/fuzz/fuzz_key.c"   "$src/http/ngx_http_idempotency_key.c"
+build fuzz_record    "$top/fuzz/fuzz_record.c" \
+                     "$src/store/ngx_http_idempotency_record.c"
+build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" \
+                     "$src/store/ngx_http_idempotency_record.c" \
+                     "$src/http/ngx_http_idempotency_capture.c"

@@ -46,52 +46,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 
-/*
- * record.c also holds the encoder, which needs these; the decoder must
- * never call them
- */
-
-void *
-ngx_pnalloc(ngx_pool_t *pool, size_t size)
-{
-    fprintf(stderr, "fuzz_record: unexpected call to ngx_pnalloc()\n");
-    abort();
-}
-
-
-void
-ngx_strlow(u_char *dst, u_char *src, size_t n)
-{
-    fprintf(stderr, "fuzz_record: unexpected call to ngx_strlow()\n");
-    abort();
-}
-
-
-ngx_uint_t
-ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
-{
-    fprintf(stderr, "fuzz_record: unexpected call to "
-            "ngx_http_idempotency_store_header()\n");
-    abort();
-}
-
-
-ngx_int_t
-ngx_strncasecmp(u_char *s1, u_char *s2, size_t n)
-{
-    fprintf(stderr, "fuzz_record: unexpected call to ngx_strncasecmp()\n");
-    abort();
-}
-
-
-size_t
-ngx_http_idempotency_crypt_room(ngx_array_t *keys)
-{
-    fprintf(stderr, "fuzz_record: unexpected call to "
-            "ngx_http_idempotency_crypt_room()\n");
-    abort();
-}
-
+/* the decoder must never log */
 
 void
 ngx_log_error_core(ngx_uint_t level, ngx_log_t *log, ngx_err_t err,

@@ -1,9 +1,10 @@
 
 /*
- * libFuzzer round trip through src/store/ngx_http_idempotency_record.c: a
- * response built from the input is serialised with
- * ngx_http_idempotency_record_header() (+ the body the way filter.c adds
- * it), then read back with ngx_http_idempotency_record_decode().
+ * libFuzzer round trip through src/http/ngx_http_idempotency_capture.c and
+ * src/store/ngx_http_idempotency_record.c: a response built from the input
+ * is serialised with ngx_http_idempotency_record_header() (+ the body the
+ * way filter.c adds it), then read back with
+ * ngx_http_idempotency_record_decode().
  *
  * Input:
  *   byte 0      bit 0: Content-Type set, bit 1: a status line set,
@@ -103,21 +104,12 @@ ngx_strlow(u_char *dst, u_char *src, size_t n)
 }
 
 
-/* the default: set-cookie hidden; also hide x-hide-* for the test */
+/* the default (set-cookie hidden), and idempotency_hide_header x-hide-me */
 
-ngx_uint_t
-ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
-{
-    if (lowcase->len == 10 && memcmp(lowcase->data, "set-cookie", 10) == 0) {
-        return 0;
-    }
-
-    if (lowcase->len >= 6 && memcmp(lowcase->data, "x-hide", 6) == 0) {
-        return 0;
-    }
-
-    return 1;
-}
+static ngx_str_t    fuzz_hide[] = { ngx_string("x-hide-me") };
+static ngx_array_t  fuzz_hide_headers = { fuzz_hide, 1, sizeof(ngx_str_t), 1,
+                                          NULL };
+static ngx_http_idempotency_loc_conf_t  fuzz_conf;
 
 
 /* records are built in clear here: crypt.c (sealing) is not linked */
@@ -203,7 +195,7 @@ stored(ngx_table_elt_t *h)
     s.len = h->key.len;
     s.data = low;
 
-    return ngx_http_idempotency_store_header(NULL, &s) ? 1 : 0;
+    return ngx_http_idempotency_store_header(&fuzz_conf, &s) ? 1 : 0;
 }
 
 
@@ -349,6 +341,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     ngx_memzero(&conf, sizeof(conf));
     conf.store_max_size = (size_t) data[3] << 8 | data[4];
+    conf.hide_headers = &fuzz_hide_headers;
+    fuzz_conf = conf;
 
     i = 0;
 

@@ -43,11 +43,6 @@ static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
 
 
-ngx_http_output_header_filter_pt  ngx_http_idempotency_next_header;
-ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
-ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
-
-
 /* safe methods (GET, HEAD, OPTIONS) change nothing: nothing to protect */
 
 static ngx_conf_bitmask_t  ngx_http_idempotency_methods_mask[] = {
@@ -135,14 +130,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_idempotency_key_secret,
       NGX_HTTP_LOC_CONF_OFFSET,
-      0,
+      offsetof(ngx_http_idempotency_loc_conf_t, secret),
       NULL },
 
     { ngx_string("idempotency_encrypt_key"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
       ngx_http_idempotency_encrypt_key,
       NGX_HTTP_LOC_CONF_OFFSET,
-      0,
+      offsetof(ngx_http_idempotency_loc_conf_t, encrypt_keys),
       NULL },
 
     { ngx_string("idempotency_redis_prefix"),
@@ -382,22 +377,6 @@ ngx_module_t  ngx_http_idempotency_module = {
 };
 
 
-ngx_str_t  ngx_http_idempotency_status_names[] = {
-    ngx_string("bypass"),
-    ngx_string("new"),
-    ngx_string("replay"),
-    ngx_string("conflict"),
-    ngx_string("mismatch"),
-    ngx_string("invalid"),
-    ngx_string("missing"),
-    ngx_string("error"),
-    ngx_string("unknown")
-};
-
-
-static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
-
-
 /* not cacheable: both change while the request runs */
 
 static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
@@ -583,6 +562,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_http_idempotency_loc_conf_t *conf = child;
 
     ngx_str_t                          addr;
+    ngx_http_core_loc_conf_t          *clcf;
+    ngx_http_idempotency_tls_conf_t    tc;
     ngx_http_idempotency_main_conf_t  *imcf;
 
     ngx_conf_merge_value(conf->enable, prev->enable, 0);
@@ -671,11 +652,28 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_str_value(conf->tls_certificate_key,
                              prev->tls_certificate_key, "");
 
-    if (ngx_http_idempotency_conn_conf(cf, conf->redis) != NGX_OK) {
+    /* the http resolver of the place, if it has one */
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (conf->redis->topology->conf
+        && conf->redis->topology->conf(cf, conf->redis,
+                                       clcf->resolver
+                                       && clcf->resolver->connections.nelts
+                                       ? clcf->resolver : NULL,
+                                       clcf->resolver_timeout)
+           != NGX_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_idempotency_tls_merge(cf, conf) != NGX_CONF_OK) {
+    tc.verify = conf->tls_verify;
+    tc.trusted_certificate = conf->tls_trusted_certificate;
+    tc.name = conf->tls_name;
+    tc.certificate = conf->tls_certificate;
+    tc.certificate_key = conf->tls_certificate_key;
+
+    if (ngx_http_idempotency_tls_merge(cf, conf->redis, &tc) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -876,17 +874,18 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
     if (sentinel) {
         ilcf->redis = ngx_http_idempotency_sentinel_conf(cf, &value[1],
                                                          naddrs,
                                                          cf->args->nelts - 1,
                                                          db, &user, &password,
-                                                         tls);
+                                                         tls, &imcf->servers);
 
         return ilcf->redis ? NGX_CONF_OK : NGX_CONF_ERROR;
     }
 
-    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
     nservers = imcf->servers.nelts;
 
     ilcf->redis = ngx_http_idempotency_add_server(cf, &value[1], db, &user,
@@ -895,7 +894,9 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    if ((ilcf->redis->seeds != NULL) != cluster) {
+    if ((ilcf->redis->topology == &ngx_http_idempotency_cluster_topology)
+        != cluster)
+    {
         if (imcf->servers.nelts == nservers) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "redis \"%V\" is used both with and without "
@@ -969,6 +970,7 @@ ngx_http_idempotency_add_server(ngx_conf_t *cf, ngx_str_t *addr,
     redis->user = *user;
     redis->password = *password;
     redis->tls = tls;
+    redis->topology = &ngx_http_idempotency_standalone_topology;
 
     if (cf->conf_file && cf->conf_file->file.fd != NGX_INVALID_FILE) {
         redis->conf_file = cf->conf_file->file.name;
@@ -1235,110 +1237,6 @@ ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_strlow(name->data, value[1].data, name->len);
 
     return NGX_CONF_OK;
-}
-
-
-/*
- * Whether a header is kept in the stored record: Set-Cookie and every
- * idempotency_hide_header are not, unless idempotency_pass_header names them.
- */
-
-ngx_uint_t
-ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase)
-{
-    ngx_http_idempotency_loc_conf_t *conf = data;
-
-    ngx_str_t   *h;
-    ngx_uint_t   i;
-
-    if (conf->pass_headers) {
-        h = conf->pass_headers->elts;
-        for (i = 0; i < conf->pass_headers->nelts; i++) {
-            if (h[i].len == lowcase->len
-                && ngx_strncmp(h[i].data, lowcase->data, lowcase->len) == 0)
-            {
-                return 1;
-            }
-        }
-    }
-
-    if (lowcase->len == ngx_http_idempotency_default_hide.len
-        && ngx_strncmp(lowcase->data, ngx_http_idempotency_default_hide.data,
-                       lowcase->len) == 0)
-    {
-        return 0;
-    }
-
-    if (conf->hide_headers) {
-        h = conf->hide_headers->elts;
-        for (i = 0; i < conf->hide_headers->nelts; i++) {
-            if (h[i].len == lowcase->len
-                && ngx_strncmp(h[i].data, lowcase->data, lowcase->len) == 0)
-            {
-                return 0;
-            }
-        }
-    }
-
-    return 1;
-}
-
-
-/*
- * Default policy: 2xx 3xx 4xx 5xx except 408, 425, 429 and 503, the
- * answers that say "nothing happened, try later"; those are stored only
- * when listed explicitly.  206 and 304 depend on the client's request
- * headers and are never stored.
- */
-
-ngx_uint_t
-ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
-    ngx_uint_t status)
-{
-    ngx_uint_t   i, *codes, cls;
-
-    if (status == NGX_HTTP_PARTIAL_CONTENT
-        || status == NGX_HTTP_NOT_MODIFIED
-        || status < 200 || status > 599)
-    {
-        return 0;
-    }
-
-    cls = status / 100;
-
-    if (conf->store_status == NULL) {
-        /* an upstream's 500 after it may have committed is an answer */
-        if (status == 408 || status == 425 || status == 429
-            || status == NGX_HTTP_SERVICE_UNAVAILABLE)
-        {
-            return 0;
-        }
-
-        return cls >= 2 && cls <= 5;
-    }
-
-    codes = conf->store_status->elts;
-
-    for (i = 0; i < conf->store_status->nelts; i++) {
-        if (codes[i] == status) {
-            return 1;
-        }
-    }
-
-    /* "nothing happened, try later": only when named */
-    if (status == 408 || status == 425 || status == 429
-        || status == NGX_HTTP_SERVICE_UNAVAILABLE)
-    {
-        return 0;
-    }
-
-    for (i = 0; i < conf->store_status->nelts; i++) {
-        if (codes[i] == cls) {
-            return 1;
-        }
-    }
-
-    return 0;
 }
 
 

@@ -11,7 +11,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 typedef struct {

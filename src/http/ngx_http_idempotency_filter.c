@@ -7,7 +7,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_CHUNK  16384
@@ -46,6 +46,11 @@ static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+
+
+/* the next filters, set where the module's filters join the chain */
+ngx_http_output_header_filter_pt  ngx_http_idempotency_next_header;
+ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
 
 
 ngx_int_t
@@ -721,7 +726,7 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
 
     if (handler == ngx_http_idempotency_finish_done) {
         op->store = f->value ? 1 : 0;
-        op->sha = 1;
+        op->script = &ngx_http_idempotency_finish_script;
         ngx_http_idempotency_metrics_store_sent(op, f->value);
     }
 
@@ -903,4 +908,62 @@ ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
                   "idempotency: redis \"%V\" refused to stage the record: "
                   "%*s, %V", &op->redis->name, (size_t) reply->len,
                   reply->str, &info);
+}
+
+
+/*
+ * Default policy: 2xx 3xx 4xx 5xx except 408, 425, 429 and 503, the
+ * answers that say "nothing happened, try later"; those are stored only
+ * when listed explicitly.  206 and 304 depend on the client's request
+ * headers and are never stored.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
+    ngx_uint_t status)
+{
+    ngx_uint_t   i, *codes, cls;
+
+    if (status == NGX_HTTP_PARTIAL_CONTENT
+        || status == NGX_HTTP_NOT_MODIFIED
+        || status < 200 || status > 599)
+    {
+        return 0;
+    }
+
+    cls = status / 100;
+
+    if (conf->store_status == NULL) {
+        /* an upstream's 500 after it may have committed is an answer */
+        if (status == 408 || status == 425 || status == 429
+            || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+        {
+            return 0;
+        }
+
+        return cls >= 2 && cls <= 5;
+    }
+
+    codes = conf->store_status->elts;
+
+    for (i = 0; i < conf->store_status->nelts; i++) {
+        if (codes[i] == status) {
+            return 1;
+        }
+    }
+
+    /* "nothing happened, try later": only when named */
+    if (status == 408 || status == 425 || status == 429
+        || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    {
+        return 0;
+    }
+
+    for (i = 0; i < conf->store_status->nelts; i++) {
+        if (codes[i] == cls) {
+            return 1;
+        }
+    }
+
+    return 0;
 }

@@ -16,7 +16,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 static void ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
@@ -90,8 +90,7 @@ ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
         return;
     }
 
-    op->request = r;
-    op->ctx = ctx;
+    op->data = ctx;
     op->handler = ngx_http_idempotency_fresh_done;
     op->rkey_len = p - fkey;
     ngx_memcpy(op->rkey, fkey, op->rkey_len);
@@ -124,11 +123,12 @@ ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
 {
     ngx_http_idempotency_ctx_t  *ctx;
 
-    if (op->request == NULL) {
+    ctx = op->data;
+
+    if (ctx == NULL) {
         return;
     }
 
-    ctx = op->ctx;
     ctx->fresh_op = NULL;
 
     if (reply == NULL || reply->type != REDIS_REPLY_STRING
@@ -144,7 +144,7 @@ ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
     ngx_memcpy(ctx->fresh_other, reply->str, NGX_HTTP_IDEMPOTENCY_HEX_LEN);
     ctx->fresh_seen = 1;
 
-    ngx_http_idempotency_fresh_report(op->request, ctx);
+    ngx_http_idempotency_fresh_report(ctx->request, ctx);
 }
 
 
@@ -178,7 +178,7 @@ void
 ngx_http_idempotency_fresh_detach(ngx_http_idempotency_ctx_t *ctx)
 {
     if (ctx->fresh_op) {
-        ctx->fresh_op->request = NULL;
+        ctx->fresh_op->data = NULL;
         ctx->fresh_op = NULL;
     }
 }

@@ -8,7 +8,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_POLL_MIN  10
@@ -58,6 +58,20 @@ static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
 static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_cleanup(void *data);
 static void ngx_http_idempotency_free_record(void *data);
+
+
+/* $idempotency_status, by status */
+ngx_str_t  ngx_http_idempotency_status_names[] = {
+    ngx_string("bypass"),
+    ngx_string("new"),
+    ngx_string("replay"),
+    ngx_string("conflict"),
+    ngx_string("mismatch"),
+    ngx_string("invalid"),
+    ngx_string("missing"),
+    ngx_string("error"),
+    ngx_string("unknown")
+};
 
 
 static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
@@ -512,7 +526,8 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ngx_http_request_t          *r;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    r = op->request;
+    ctx = op->data;
+    r = ctx ? ctx->request : NULL;
 
     ngx_http_idempotency_metrics_claim_done(op, reply);
 
@@ -534,7 +549,6 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ctx = op->ctx;
     ctx->op = NULL;
 
     ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
@@ -750,8 +764,7 @@ ngx_http_idempotency_claim_op(ngx_http_request_t *r,
     /* until the owner renews it: what a release is sent again within */
     ctx->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
 
-    op->request = r;
-    op->ctx = ctx;
+    op->data = ctx;
     op->handler = handler;
     op->release_lost = 1;
     op->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
@@ -861,7 +874,8 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     ngx_http_request_t          *r;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    r = op->request;
+    ctx = op->data;
+    r = ctx ? ctx->request : NULL;
     took = (reply && reply->type == REDIS_REPLY_INTEGER
             && reply->integer == 1);
 
@@ -873,7 +887,6 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ctx = op->ctx;
     ctx->op = NULL;
 
     if (ctx->timeout.timer_set) {
@@ -1274,7 +1287,7 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
         ctx->op->release_lost =
             ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
             && !ctx->conf->dry_run;
-        ctx->op->request = NULL;
+        ctx->op->data = NULL;
         ctx->op = NULL;
     }
 
@@ -1299,7 +1312,7 @@ static void
 ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
 {
     if (ctx->op) {
-        ctx->op->request = NULL;
+        ctx->op->data = NULL;
         ctx->op = NULL;
     }
 

@@ -6,7 +6,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 #include <openssl/rand.h>
 
@@ -23,6 +23,10 @@ static EVP_MD_CTX  *ngx_http_idempotency_md_cache[
 static ngx_uint_t   ngx_http_idempotency_md_cached;
 static uint64_t      ngx_http_idempotency_token_seq;
 static u_char        ngx_http_idempotency_token_seed[8];
+
+
+/* the next request body filter, set where the module's joins the chain */
+ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 
 
 ngx_int_t

@@ -10,7 +10,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 #if defined(__has_include)
 #if __has_include("ngx_http_idempotency_version.h")
@@ -355,6 +355,19 @@ ngx_http_idempotency_metrics_init(ngx_conf_t *cf)
     ngx_http_idempotency_redis_t        **rp;
     ngx_http_idempotency_main_conf_t     *imcf;
     ngx_http_idempotency_metrics_conf_t  *mcf;
+
+    /* what the client and the store tell of, counted here */
+
+    ngx_http_idempotency_redis_events.up = ngx_http_idempotency_metrics_redis_up;
+    ngx_http_idempotency_redis_events.down =
+                                        ngx_http_idempotency_metrics_redis_down;
+    ngx_http_idempotency_redis_events.master_add =
+                                        ngx_http_idempotency_metrics_master_add;
+    ngx_http_idempotency_redis_events.master_del =
+                                        ngx_http_idempotency_metrics_master_del;
+    ngx_http_idempotency_redis_events.master_up =
+                                        ngx_http_idempotency_metrics_master_up;
+    ngx_http_idempotency_store_unknown = ngx_http_idempotency_metrics_unknown;
 
     imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
@@ -719,7 +732,7 @@ ngx_http_idempotency_metrics_size(ngx_http_idempotency_metrics_conf_t *mcf,
         /* escaping at most doubles a label value */
         size += 2 * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len);
 
-        if (rp[i]->seeds) {
+        if (rp[i]->topology->nodes) {
             size += NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS
                     * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE
                        + 2 * (rp[i]->name.len
@@ -848,7 +861,7 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
             p = ngx_http_idempotency_metrics_escape(p, end, &rp[i]->name);
             p = ngx_slprintf(p, end, "\"} %uA\n", s->count[k]);
 
-            if (k == NGX_HTTP_IDEMPOTENCY_METRICS_UP && rp[i]->seeds) {
+            if (k == NGX_HTTP_IDEMPOTENCY_METRICS_UP && rp[i]->topology->nodes) {
                 p = ngx_http_idempotency_metrics_masters(p, end, sh,
                                                          &rp[i]->name);
             }

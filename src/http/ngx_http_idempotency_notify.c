@@ -17,7 +17,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 /* while subscribed, only lost messages and expired locks are polled for */
@@ -78,6 +78,8 @@ typedef struct {
 
 static ngx_http_idempotency_notify_t *ngx_http_idempotency_notify_create(
     ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_notify_subscriber(
+    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_notify_reconnect(ngx_event_t *ev);
 static ngx_int_t ngx_http_idempotency_notify_addr(
     ngx_http_idempotency_node_t *node, ngx_addr_t *m);
@@ -216,7 +218,7 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
         }
     }
 
-    if (redis->seeds) {
+    if (redis->topology->nodes) {
         /* not subscribed (no map, no subscriber yet, moved): try again */
 
         if (!key->subscribed) {
@@ -224,7 +226,7 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
         }
 
     } else {
-        if (n->node.open && redis->sentinel
+        if (n->node.open && redis->topology->moves
             && ngx_http_idempotency_notify_moved(&n->node))
         {
             /* subscribed to a master the Sentinels replaced: the new one */
@@ -317,8 +319,7 @@ ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
     }
 
     ngx_http_idempotency_node_init(&n->node, redis, redis->log);
-    n->node.notify = 1;
-    n->node.reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
+    ngx_http_idempotency_notify_subscriber(&n->node);
 
     ngx_rbtree_init(&n->tree, &n->sentinel, ngx_str_rbtree_insert_value);
     ngx_queue_init(&n->dirty);
@@ -328,8 +329,22 @@ ngx_http_idempotency_notify_create(ngx_http_idempotency_redis_t *redis)
     n->batch_ev.log = redis->log;
 
     redis->notify = n;
+    redis->exit_handler = ngx_http_idempotency_notify_exit;
 
     return n;
+}
+
+
+/* a node of its own: the client hands it what no command asked for */
+
+static void
+ngx_http_idempotency_notify_subscriber(ngx_http_idempotency_node_t *node)
+{
+    node->notify = 1;
+    node->reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
+    node->push = ngx_http_idempotency_notify_reply;
+    node->up_handler = ngx_http_idempotency_notify_up;
+    node->closed_handler = ngx_http_idempotency_notify_closed;
 }
 
 
@@ -357,7 +372,7 @@ ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
         return;
     }
 
-    if (redis->seeds) {
+    if (redis->topology->nodes) {
         /* a cluster's subscriber: if a key still wants it, per the map */
         n = redis->notify;
 
@@ -368,7 +383,7 @@ ngx_http_idempotency_notify_reconnect(ngx_event_t *ev)
         return;
     }
 
-    if (redis->sentinel) {
+    if (redis->topology->moves) {
         if (redis->node == NULL || redis->node->naddrs == 0) {
             /* no master named yet: the next waiter tries again */
             return;
@@ -462,7 +477,7 @@ ngx_http_idempotency_notify_key(ngx_http_idempotency_notify_t *n,
     ngx_memcpy(key->sn.str.data, rkey->data, rkey->len);
     key->sn.node.key = hash;
 
-    if (n->node.redis->seeds) {
+    if (n->node.redis->topology->nodes) {
         key->slot = ngx_http_idempotency_cluster_slot(key->sn.str.data,
                                                       key->sn.str.len);
     }
@@ -513,7 +528,7 @@ ngx_http_idempotency_notify_batch(ngx_event_t *ev)
     ngx_http_idempotency_node_t        *node;
     ngx_http_idempotency_notify_key_t  *key;
 
-    if (n->node.redis->seeds) {
+    if (n->node.redis->topology->nodes) {
         ngx_http_idempotency_notify_cluster_batch(n);
         return;
     }
@@ -757,8 +772,7 @@ ngx_http_idempotency_notify_sub(ngx_http_idempotency_notify_t *n,
     sub = &s->node;
 
     ngx_http_idempotency_node_init(sub, redis, redis->log);
-    sub->notify = 1;
-    sub->reconnect_ev.handler = ngx_http_idempotency_notify_reconnect;
+    ngx_http_idempotency_notify_subscriber(sub);
 
     if (ngx_http_idempotency_notify_addr(sub, m) != NGX_OK) {
         ngx_free(s);
@@ -890,7 +904,7 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
     n = node->redis->notify;
 
     if (reply->type == REDIS_REPLY_ERROR && node->head == NULL
-        && node->redis->seeds && reply->str
+        && node->redis->topology->nodes && reply->str
         && ngx_http_idempotency_notify_cluster_error(n, node, reply))
     {
         return NGX_DONE;
@@ -941,7 +955,7 @@ ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
 
     key = ngx_http_idempotency_notify_key(n, &channel, 0);
 
-    if (node->redis->seeds) {
+    if (node->redis->topology->nodes) {
         if (key == NULL || key->node != node) {
             /* of a former subscriber, or of a key nobody waits for */
             return NGX_DONE;
@@ -1202,7 +1216,7 @@ ngx_http_idempotency_notify_closed(ngx_http_idempotency_node_t *node)
 
     n = node->redis->notify;
 
-    if (node->redis->seeds) {
+    if (node->redis->topology->nodes) {
         /* its keys only, on the master the map names next */
         ngx_http_idempotency_notify_reset(n, node, -1);
         goto done;

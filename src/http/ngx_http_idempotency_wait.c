@@ -11,7 +11,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_http.h"
 
 
 /* "0 aof" is on: WAITAOF for the primary's fsync alone */
@@ -279,8 +279,7 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
     }
 
     if (r) {
-        op->request = r;
-        op->ctx = ctx;
+        op->data = ctx;
         op->handler = ngx_http_idempotency_wait_claim_done;
         op->zone = ctx->conf->metrics_zone;
         op->info_len = 0;
@@ -359,7 +358,7 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
 
     if (op == NULL) {
         if (touch) {
-            touch->request = NULL;
+            touch->data = NULL;
         }
 
         ngx_http_idempotency_wait_info(ctx, &info, buf);
@@ -400,8 +399,7 @@ ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
         return NULL;
     }
 
-    op->request = r;
-    op->ctx = ctx;
+    op->data = ctx;
     op->handler = ngx_http_idempotency_wait_touch_done;
     op->rkey_len = ctx->rkey.len;
     ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
@@ -441,14 +439,14 @@ ngx_http_idempotency_wait_touch_done(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_ctx_t  *ctx;
     u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
-    r = op->request;
+    ctx = op->data;
+    r = ctx ? ctx->request : NULL;
 
     if (r == NULL) {
         /* the request went away: the WAIT behind releases the claim */
         return;
     }
 
-    ctx = op->ctx;
     ctx->wait_op = NULL;
 
     if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
@@ -487,7 +485,7 @@ ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
 
     if (ctx->op) {
         /* the WAIT's reply finds no request, and no claim to release */
-        ctx->op->request = NULL;
+        ctx->op->data = NULL;
         ctx->op->won = 0;
         ctx->op = NULL;
     }
@@ -527,7 +525,7 @@ ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
         return;
     }
 
-    op->request = NULL;
+    op->data = NULL;
     op->won = 0;
     ctx->op = NULL;
 
@@ -541,7 +539,7 @@ void
 ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx)
 {
     if (ctx->wait_op) {
-        ctx->wait_op->request = NULL;
+        ctx->wait_op->data = NULL;
         ctx->wait_op = NULL;
     }
 }
@@ -556,7 +554,8 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_ctx_t  *ctx;
     u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
-    r = op->request;
+    ctx = op->data;
+    r = ctx ? ctx->request : NULL;
 
     if (r == NULL) {
         /* a won claim whose request went away never ran: free the key */
@@ -568,7 +567,6 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ctx = op->ctx;
 
     if (!op->won) {
         /* the claim is not answered yet: this WAIT went with its connection */

@@ -10,7 +10,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_SLOTS          16384
@@ -69,6 +69,8 @@ struct ngx_http_idempotency_cluster_s {
 };
 
 
+static ngx_str_t *ngx_http_idempotency_cluster_tls_name(
+    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node(
     ngx_http_idempotency_cluster_t *cl, struct sockaddr *sa,
     socklen_t socklen);
@@ -159,6 +161,7 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_uint_t                    i;
     ngx_http_idempotency_seed_t  *seed;
 
+    redis->topology = &ngx_http_idempotency_cluster_topology;
     redis->seeds = ngx_array_create(cf->pool, n, sizeof(ngx_addr_t));
     redis->seed_names = ngx_array_create(cf->pool, n,
                                          sizeof(ngx_http_idempotency_seed_t));
@@ -210,21 +213,19 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
 
 ngx_int_t
 ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout)
 {
     ngx_uint_t                    i;
-    ngx_http_core_loc_conf_t     *clcf;
     ngx_http_idempotency_seed_t  *seed;
 
     if (redis->resolver) {
         return NGX_OK;
     }
 
-    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-
-    if (clcf->resolver && clcf->resolver->connections.nelts) {
-        redis->resolver = clcf->resolver;
-        redis->resolver_timeout = clcf->resolver_timeout;
+    if (resolver) {
+        redis->resolver = resolver;
+        redis->resolver_timeout = resolver_timeout;
         return NGX_OK;
     }
 
@@ -362,7 +363,8 @@ ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis)
     }
 
     for (i = 0; i < cl->nnodes; i++) {
-        ngx_http_idempotency_metrics_master_del(cl->nodes[i]->metric);
+        ngx_http_idempotency_redis_events.master_del(
+                                                        cl->nodes[i]->metric);
         ngx_free(cl->nodes[i]->node.host.data);
         ngx_free(cl->nodes[i]);
     }
@@ -771,7 +773,7 @@ ngx_http_idempotency_cluster_route(ngx_http_idempotency_cluster_t *cl,
 static ngx_uint_t
 ngx_http_idempotency_cluster_expired(ngx_http_idempotency_op_t *op)
 {
-    if (op->resend && op->request == NULL) {
+    if (op->resend && op->data == NULL) {
         return 1;
     }
 
@@ -1068,7 +1070,7 @@ ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
         return NGX_DECLINED;
     }
 
-    if (op->resend ? op->request == NULL : op->resent) {
+    if (op->resend ? op->data == NULL : op->resent) {
         return NGX_DECLINED;
     }
 
@@ -1090,7 +1092,7 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
     cn = (ngx_http_idempotency_cnode_t *) node;
 
     if (!node->redis->exiting && !ngx_exiting && !ngx_terminate) {
-        ngx_http_idempotency_metrics_master_up(cn->metric, 0);
+        ngx_http_idempotency_redis_events.master_up(cn->metric, 0);
     }
 
     if (!cn->master) {
@@ -1112,7 +1114,7 @@ ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
 
     cn = (ngx_http_idempotency_cnode_t *) node;
 
-    ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+    ngx_http_idempotency_redis_events.master_up(cn->metric, 1);
 }
 
 
@@ -1131,7 +1133,7 @@ ngx_http_idempotency_cluster_metric(ngx_http_idempotency_cnode_t *cn)
     node = &cn->node;
 
     if (!cn->master) {
-        ngx_http_idempotency_metrics_master_del(cn->metric);
+        ngx_http_idempotency_redis_events.master_del(cn->metric);
         cn->metric = NULL;
         return;
     }
@@ -1150,10 +1152,11 @@ ngx_http_idempotency_cluster_metric(ngx_http_idempotency_cnode_t *cn)
         name = node->addrs->name;
     }
 
-    cn->metric = ngx_http_idempotency_metrics_master_add(node->redis, &name);
+    cn->metric = ngx_http_idempotency_redis_events.master_add(node->redis,
+                                                              &name);
 
     if (node->up) {
-        ngx_http_idempotency_metrics_master_up(cn->metric, 1);
+        ngx_http_idempotency_redis_events.master_up(cn->metric, 1);
     }
 }
 
@@ -1561,3 +1564,41 @@ ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
     cl->slot_node[slot] = (uint16_t) cn->index;
     ngx_http_idempotency_cluster_use(cn);
 }
+
+
+/* a node known by name is verified by it, unless a name is configured */
+
+static ngx_str_t *
+ngx_http_idempotency_cluster_tls_name(ngx_http_idempotency_node_t *node,
+    ngx_uint_t *ip)
+{
+#if (NGX_HTTP_SSL)
+    if (node->host.len && node->redis->tls_conf.name.len == 0) {
+        *ip = 0;
+        return &node->host;
+    }
+#endif
+
+    return NULL;
+}
+
+
+ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology = {
+    ngx_http_idempotency_cluster_conf_seeds,
+    NULL,                                  /* tls */
+    ngx_http_idempotency_cluster_tls_name,
+    ngx_http_idempotency_cluster_init,
+    ngx_http_idempotency_cluster_exit,
+    ngx_http_idempotency_cluster_command,
+    ngx_http_idempotency_cluster_load_script,
+    NULL,                                  /* handshake */
+    ngx_http_idempotency_cluster_up,
+    NULL,                                  /* reply */
+    ngx_http_idempotency_cluster_reply,
+    ngx_http_idempotency_cluster_lost,
+    ngx_http_idempotency_cluster_closed,
+    NULL,                                  /* closed */
+    1,                                     /* nodes */
+    0,                                     /* moves */
+    0                                      /* tls_found */
+};

@@ -9,7 +9,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_OUT_SIZE    16384
@@ -28,51 +28,26 @@ static void ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level,
 
 
 /*
- * At configuration time: a name is given to the http resolver of the first
- * place that has one configured, to be resolved on every connect; without
- * one it is resolved now, once, as a literal address is.
+ * At configuration time: a name is given to the resolver of the first
+ * place that has one configured (the caller's, or NULL), to be resolved on
+ * every connect; without one it is resolved now, once, as a literal
+ * address is.
  */
 
 ngx_int_t
 ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout)
 {
-    ngx_url_t                  u;
-    ngx_http_core_loc_conf_t  *clcf;
-
-    if (redis->seeds) {
-        /* seeds by name, and the host names nodes may announce */
-        return ngx_http_idempotency_cluster_conf_seeds(cf, redis);
-    }
-
-    if (redis->sentinel && redis->resolver == NULL) {
-        /* for a master the Sentinels name by host name */
-        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-
-        if (clcf->resolver && clcf->resolver->connections.nelts) {
-            redis->resolver = clcf->resolver;
-            redis->resolver_timeout = clcf->resolver_timeout;
-        }
-    }
-
-    if (redis->sentinel || redis->seeds) {
-        /*
-         * the Sentinels name the master's address at run time; cluster.c
-         * resolved the seeds, and nodes are announced by address
-         */
-        return NGX_OK;
-    }
-
-    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    ngx_url_t  u;
 
     if (redis->resolver == NULL
         && redis->host.len
         && !ngx_http_idempotency_is_ip(&redis->host)
-        && clcf->resolver
-        && clcf->resolver->connections.nelts)
+        && resolver)
     {
-        redis->resolver = clcf->resolver;
-        redis->resolver_timeout = clcf->resolver_timeout;
+        redis->resolver = resolver;
+        redis->resolver_timeout = resolver_timeout;
     }
 
     if (redis->naddrs || redis->resolver) {
@@ -225,8 +200,8 @@ ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node)
 
     redis = node->redis;
 
-    /* a cluster node by name (cluster.c), or the target's one name */
-    host = redis->seeds ? &node->host : &redis->host;
+    /* a node by its own name (a cluster's), or the target's one name */
+    host = redis->topology->nodes ? &node->host : &redis->host;
 
     if (redis->resolver == NULL || host->len == 0) {
         ngx_http_idempotency_conn_connect(node);
@@ -741,7 +716,8 @@ ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
         }
 
         if (node->naddrs
-            && (node->naddrs > 1 || redis->resolver || redis->seeds))
+            && (node->naddrs > 1 || redis->resolver
+                || redis->topology->nodes))
         {
             ngx_log_error(NGX_LOG_ERR, redis->log, err,
                           "idempotency: %s redis \"%V\" (%V)%s%*s", what,

@@ -11,7 +11,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 static u_char *ngx_http_idempotency_input_scan(u_char *p, u_char *last,

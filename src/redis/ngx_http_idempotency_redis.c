@@ -9,7 +9,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN  10
@@ -40,16 +40,55 @@ static void ngx_http_idempotency_flush_handler(ngx_event_t *ev);
 static u_char *ngx_http_idempotency_format_size(u_char *p, size_t n);
 
 
+static void ngx_http_idempotency_no_event(
+    ngx_http_idempotency_redis_t *redis);
+static void *ngx_http_idempotency_no_master_add(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+static void ngx_http_idempotency_no_master_del(void *entry);
+static void ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up);
+
+
 static ngx_http_idempotency_op_t  *ngx_http_idempotency_free_ops;
+
+/* the scripts every connection loads ahead of its commands */
+ngx_str_t   *ngx_http_idempotency_redis_scripts;
+ngx_uint_t   ngx_http_idempotency_redis_nscripts;
+
+/* nobody listens until metrics.c does */
+ngx_http_idempotency_redis_events_t  ngx_http_idempotency_redis_events = {
+    ngx_http_idempotency_no_event,
+    ngx_http_idempotency_no_event,
+    ngx_http_idempotency_no_master_add,
+    ngx_http_idempotency_no_master_del,
+    ngx_http_idempotency_no_master_up
+};
+
+
+ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology = {
+    ngx_http_idempotency_conn_conf,
+    NULL,                                  /* tls */
+    NULL,                                  /* tls_name */
+    ngx_http_idempotency_standalone_init,
+    ngx_http_idempotency_redis_node_exit,
+    ngx_http_idempotency_standalone_command,
+    ngx_http_idempotency_redis_node_load_script,
+    NULL,                                  /* handshake */
+    NULL,                                  /* up */
+    NULL,                                  /* reply */
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    NULL,                                  /* closed */
+    0,                                     /* nodes */
+    0,                                     /* moves */
+    0                                      /* tls_found */
+};
 
 
 ngx_int_t
 ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
-    ngx_int_t                     rc;
-    ngx_http_idempotency_node_t  *node;
-
     redis->log = cycle->log;
 
     /* only workers serve requests: not the cache manager nor the loader */
@@ -60,31 +99,45 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
         return NGX_OK;
     }
 
-    if (redis->seeds) {
-        return ngx_http_idempotency_cluster_init(cycle, redis);
+    return redis->topology->init(cycle, redis);
+}
+
+
+/* one target, one node: its connection is made now */
+
+ngx_int_t
+ngx_http_idempotency_standalone_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis)
+{
+    ngx_http_idempotency_node_t  *node;
+
+    node = ngx_http_idempotency_redis_node(cycle, redis);
+    if (node == NULL) {
+        return NGX_ERROR;
     }
+
+    ngx_http_idempotency_redis_connect(node);
+
+    return NGX_OK;
+}
+
+
+ngx_http_idempotency_node_t *
+ngx_http_idempotency_redis_node(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis)
+{
+    ngx_http_idempotency_node_t  *node;
 
     node = ngx_calloc(sizeof(ngx_http_idempotency_node_t), cycle->log);
     if (node == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     ngx_http_idempotency_node_init(node, redis, cycle->log);
 
     redis->node = node;
 
-    if (redis->sentinel) {
-        /* the master's address comes from the Sentinels */
-        rc = ngx_http_idempotency_sentinel_init(cycle, redis);
-
-        if (rc != NGX_DECLINED) {
-            return rc;
-        }
-    }
-
-    ngx_http_idempotency_redis_connect(node);
-
-    return NGX_OK;
+    return node;
 }
 
 
@@ -132,20 +185,20 @@ ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
 void
 ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 {
-    ngx_http_idempotency_node_t  *node;
-
     redis->exiting = 1;
 
-    ngx_http_idempotency_notify_exit(redis);
-
-    if (redis->seeds) {
-        ngx_http_idempotency_cluster_exit(redis);
-        return;
+    if (redis->exit_handler) {
+        redis->exit_handler(redis);
     }
 
-    if (redis->sentinel) {
-        ngx_http_idempotency_sentinel_exit(redis);
-    }
+    redis->topology->exit(redis);
+}
+
+
+void
+ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_redis_t *redis)
+{
+    ngx_http_idempotency_node_t  *node;
 
     node = redis->node;
 
@@ -174,10 +227,10 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 {
-    if (node->naddrs == 0 && node->redis->sentinel
+    if (node->naddrs == 0 && node->host.len == 0
         && node->redis->naddrs == 0 && node->redis->host.len == 0)
     {
-        /* no master named yet: sentinel.c connects when one is */
+        /* no address known yet (a master not yet named by the Sentinels) */
         return;
     }
 
@@ -289,8 +342,8 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    if (redis->sentinel
-        && ngx_http_idempotency_sentinel_handshake(node) != NGX_OK)
+    if (redis->topology->handshake
+        && redis->topology->handshake(node) != NGX_OK)
     {
         /* a Sentinel has no scripts */
         return;
@@ -305,11 +358,14 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 void
 ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
 {
-    if (redis->seeds) {
-        ngx_http_idempotency_cluster_load_script(redis);
-        return;
-    }
+    redis->topology->load_script(redis);
+}
 
+
+void
+ngx_http_idempotency_redis_node_load_script(
+    ngx_http_idempotency_redis_t *redis)
+{
     if (redis->node) {
         ngx_http_idempotency_node_load_script(redis->node);
     }
@@ -330,11 +386,8 @@ ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
     argv[1] = "LOAD";
     argvlen[1] = 4;
 
-    /* the claim script (Redis 6.2), and the finish script of every store */
-
-    for (i = 0; i < 2; i++) {
-        script = i ? &ngx_http_idempotency_finish_script
-                   : &ngx_http_idempotency_claim_script;
+    for (i = 0; i < ngx_http_idempotency_redis_nscripts; i++) {
+        script = &ngx_http_idempotency_redis_scripts[i];
 
         argv[2] = (const char *) script->data;
         argvlen[2] = script->len;
@@ -430,18 +483,16 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
 
     if (node->notify) {
         /* notify.c's subscriber: not what redis_up counts */
-        ngx_http_idempotency_notify_up(node);
+        node->up_handler(node);
         return;
     }
 
-    if (redis->seeds) {
-        /* which node of the cluster */
+    if (redis->topology->nodes) {
+        /* which node of the target */
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
                       "idempotency: connected to redis \"%V\" (%V)%s",
                       &redis->name, &node->addrs->name,
                       node->was_up ? " again" : "");
-
-        ngx_http_idempotency_cluster_up(node);
 
     } else {
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
@@ -449,7 +500,11 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       &redis->name, node->was_up ? " again" : "");
     }
 
-    ngx_http_idempotency_metrics_redis_up(redis);
+    if (redis->topology->up) {
+        redis->topology->up(node);
+    }
+
+    ngx_http_idempotency_redis_events.up(redis);
 
     node->up = 1;
     node->was_up = 1;
@@ -505,8 +560,8 @@ ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
      * subscribers are no cluster nodes
      */
 
-    if (node->redis->seeds && !node->notify
-        && !ngx_http_idempotency_cluster_closed(node))
+    if (!node->notify && node->redis->topology->wanted
+        && !node->redis->topology->wanted(node))
     {
         return;
     }
@@ -541,8 +596,6 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
 
     op->next = NULL;
     op->redis = redis;
-    op->request = NULL;
-    op->ctx = NULL;
     op->data = NULL;
     op->handler = NULL;
     op->node = NULL;
@@ -556,7 +609,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->redirects = 0;
     op->asking = 0;
     op->again = 0;
-    op->sha = 0;
+    op->script = NULL;
     op->orphan = 0;
     op->rechecked = 0;
     op->release_lost = 0;
@@ -605,12 +658,15 @@ ngx_int_t
 ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
     const char **argv, const size_t *argvlen)
 {
-    ngx_http_idempotency_node_t  *node;
+    return op->redis->topology->command(op, argc, argv, argvlen);
+}
 
-    if (op->redis->seeds) {
-        /* the node of the key's slot */
-        return ngx_http_idempotency_cluster_command(op, argc, argv, argvlen);
-    }
+
+ngx_int_t
+ngx_http_idempotency_standalone_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen)
+{
+    ngx_http_idempotency_node_t  *node;
 
     node = op->redis->node;
 
@@ -705,7 +761,7 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
 
         } else {
             op->again = 0;
-            op->sha = 0;
+            op->script = NULL;
         }
     }
 
@@ -840,7 +896,7 @@ ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
         len = op->again ? op->buf_len : op->cmd_len;
 
         if (node->open && !node->handshake_failed
-            && (op->request || op->again))
+            && ((op->resend && op->data) || op->again))
         {
             p = ngx_http_idempotency_conn_reserve(node, len);
         }
@@ -881,14 +937,14 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t  *op;
 
     if (node->notify
-        && ngx_http_idempotency_notify_reply(node, reply) == NGX_DONE)
+        && node->push(node, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
         return node->open ? NGX_OK : NGX_ERROR;
     }
 
-    if (node->redis->sentinel
-        && ngx_http_idempotency_sentinel_reply(node, reply) == NGX_DONE)
+    if (node->redis->topology->reply
+        && node->redis->topology->reply(node, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
         return node->open ? NGX_OK : NGX_ERROR;
@@ -925,8 +981,9 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 
     /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
 
-    if (node->redis->seeds && !node->handshake_failed && !node->notify
-        && ngx_http_idempotency_cluster_reply(node, op, reply) == NGX_DONE)
+    if (node->redis->topology->redirect && !node->handshake_failed
+        && !node->notify
+        && node->redis->topology->redirect(node, op, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
         return node->open ? NGX_OK : NGX_ERROR;
@@ -934,7 +991,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 
     /* a script not known there (SCRIPT FLUSH, a failover): by EVAL */
 
-    if (op->sha && !node->handshake_failed
+    if (op->script && !node->handshake_failed
         && reply->type == REDIS_REPLY_ERROR && reply->len >= 8
         && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0
         && ngx_http_idempotency_node_noscript(node, op) == NGX_OK)
@@ -975,7 +1032,7 @@ ngx_http_idempotency_node_noscript(ngx_http_idempotency_node_t *node,
 
     static u_char  evalsha[] = "$7\r\nEVALSHA\r\n$40\r\n";
 
-    script = &ngx_http_idempotency_finish_script;
+    script = op->script;
     last = op->buf + op->buf_len;
 
     p = ngx_strlchr(op->buf, last, LF);
@@ -1007,7 +1064,7 @@ ngx_http_idempotency_node_noscript(ngx_http_idempotency_node_t *node,
     ngx_free(op->buf);
     op->buf = buf;
     op->buf_len = p - buf;
-    op->sha = 0;
+    op->script = NULL;
 
     p = ngx_http_idempotency_conn_reserve(node, op->buf_len);
     if (p == NULL) {
@@ -1040,13 +1097,13 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
         /* a cluster's ops go back to the router */
 
-        if (node->redis->seeds && !node->notify
-            && ngx_http_idempotency_cluster_lost(node, op) == NGX_OK)
+        if (node->redis->topology->lost && !node->notify
+            && node->redis->topology->lost(node, op) == NGX_OK)
         {
             continue;
         }
 
-        if (((op->resend && op->request) || op->again) && !op->resent
+        if (((op->resend && op->data) || op->again) && !op->resent
             && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
         {
             op->next = NULL;
@@ -1072,7 +1129,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
     }
 
     if (node->notify) {
-        if (ngx_http_idempotency_notify_closed(node)) {
+        if (node->closed_handler(node)) {
             ngx_http_idempotency_redis_schedule(node);
         }
 
@@ -1081,16 +1138,16 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
     /* a cluster node that left the slot map is no lost Redis */
 
-    if (node->redis->seeds == NULL
-        || ngx_http_idempotency_cluster_closed(node))
+    if (node->redis->topology->wanted == NULL
+        || node->redis->topology->wanted(node))
     {
-        ngx_http_idempotency_metrics_redis_down(node->redis);
+        ngx_http_idempotency_redis_events.down(node->redis);
     }
 
     ngx_http_idempotency_redis_schedule(node);
 
-    if (node->redis->sentinel) {
-        ngx_http_idempotency_sentinel_closed(node);
+    if (node->redis->topology->closed) {
+        node->redis->topology->closed(node);
     }
 }
 
@@ -1214,4 +1271,30 @@ ngx_http_idempotency_reconnect(ngx_event_t *ev)
     }
 
     ngx_http_idempotency_redis_connect(node);
+}
+
+
+static void
+ngx_http_idempotency_no_event(ngx_http_idempotency_redis_t *redis)
+{
+}
+
+
+static void *
+ngx_http_idempotency_no_master_add(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *name)
+{
+    return NULL;
+}
+
+
+static void
+ngx_http_idempotency_no_master_del(void *entry)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up)
+{
 }

@@ -12,7 +12,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_SENTINEL_PORT      26379
@@ -44,6 +44,13 @@ struct ngx_http_idempotency_sentinel_s {
 };
 
 
+static ngx_int_t ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout);
+static ngx_int_t ngx_http_idempotency_sentinel_master_init(
+    ngx_cycle_t *cycle, ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_sentinel_master_exit(
+    ngx_http_idempotency_redis_t *redis);
 static void ngx_http_idempotency_sentinel_timer(
     ngx_http_idempotency_sentinel_t *s, ngx_event_t *ev,
     ngx_event_handler_pt handler, ngx_log_t *log);
@@ -84,7 +91,7 @@ static ngx_int_t ngx_http_idempotency_sentinel_host(ngx_pool_t *pool,
 ngx_http_idempotency_redis_t *
 ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     ngx_uint_t naddrs, ngx_uint_t nargs, ngx_uint_t db, ngx_str_t *user,
-    ngx_str_t *password, ngx_uint_t tls)
+    ngx_str_t *password, ngx_uint_t tls, ngx_array_t *servers)
 {
     u_char                             *p;
     size_t                              len;
@@ -94,7 +101,6 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     ngx_array_t                         addrs, hosts;
     ngx_http_idempotency_redis_t       *redis, *sentinels, **rp;
     ngx_http_idempotency_sentinel_t    *s;
-    ngx_http_idempotency_main_conf_t   *imcf;
 
     ngx_str_null(&master);
     ngx_str_null(&suser);
@@ -142,8 +148,6 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
         return NULL;
     }
 
-    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
-
     s = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_sentinel_t));
     if (s == NULL) {
         return NULL;
@@ -158,8 +162,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
 
     s->args.len = len;
 
-    rp = imcf->servers.elts;
-    for (i = 0; i < imcf->servers.nelts; i++) {
+    rp = servers->elts;
+    for (i = 0; i < servers->nelts; i++) {
         if (rp[i]->sentinel
             && rp[i]->sentinel->redis == rp[i]
             && rp[i]->sentinel->args.len == s->args.len
@@ -219,6 +223,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     redis->password = *password;
     redis->tls = tls;
     redis->sentinel = s;
+    redis->topology = &ngx_http_idempotency_sentinel_topology;
 
     /* the Sentinels: tried in turn by conn.c; TLS as the master's */
 
@@ -235,13 +240,14 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     sentinels->user = suser;
     sentinels->password = spassword;
     sentinels->sentinel = s;
+    sentinels->topology = &ngx_http_idempotency_sentinels_topology;
 
     s->redis = redis;
     s->sentinels = sentinels;
     s->master = master;
     s->hosts = hosts.elts;
 
-    rp = ngx_array_push(&imcf->servers);
+    rp = ngx_array_push(servers);
     if (rp == NULL) {
         return NULL;
     }
@@ -323,17 +329,29 @@ ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
  */
 
 ngx_str_t *
-ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node)
+ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
+    ngx_uint_t *ip)
 {
+    ngx_str_t                        *name;
     ngx_http_idempotency_sentinel_t  *s;
+
+    if (node->redis->tls_name.len) {
+        /* idempotency_redis_tls_name */
+        return NULL;
+    }
 
     s = node->redis->sentinel;
 
     if (node->redis == s->redis) {
-        return &s->master_host;
+        name = &s->master_host;
+
+    } else {
+        name = &s->hosts[node->addr % node->naddrs];
     }
 
-    return &s->hosts[node->addr % node->naddrs];
+    *ip = ngx_http_idempotency_is_ip(name);
+
+    return name;
 }
 
 
@@ -1026,3 +1044,86 @@ ngx_http_idempotency_sentinel_refresh(ngx_event_t *ev)
 
     ngx_add_timer(&s->refresh_ev, NGX_HTTP_IDEMPOTENCY_SENTINEL_REFRESH);
 }
+
+
+/*
+ * The master's target: its address comes from the Sentinels, which may
+ * name it by host name (resolved with the resolver of where it is used)
+ */
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout)
+{
+    if (redis->resolver == NULL && resolver) {
+        redis->resolver = resolver;
+        redis->resolver_timeout = resolver_timeout;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_sentinel_master_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis)
+{
+    if (ngx_http_idempotency_redis_node(cycle, redis) == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_sentinel_init(cycle, redis);
+}
+
+
+static void
+ngx_http_idempotency_sentinel_master_exit(ngx_http_idempotency_redis_t *redis)
+{
+    ngx_http_idempotency_sentinel_exit(redis);
+    ngx_http_idempotency_redis_node_exit(redis);
+}
+
+
+ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology = {
+    ngx_http_idempotency_sentinel_resolver,
+    ngx_http_idempotency_sentinel_tls,
+    ngx_http_idempotency_sentinel_tls_name,
+    ngx_http_idempotency_sentinel_master_init,
+    ngx_http_idempotency_sentinel_master_exit,
+    ngx_http_idempotency_standalone_command,
+    ngx_http_idempotency_redis_node_load_script,
+    ngx_http_idempotency_sentinel_handshake,
+    NULL,                                  /* up */
+    ngx_http_idempotency_sentinel_reply,
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    ngx_http_idempotency_sentinel_closed,
+    0,                                     /* nodes */
+    1,                                     /* moves */
+    1                                      /* tls_found */
+};
+
+
+/* the Sentinels' own target: one node, tried address by address */
+
+ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinels_topology = {
+    NULL,                                  /* conf */
+    NULL,                                  /* tls */
+    ngx_http_idempotency_sentinel_tls_name,
+    ngx_http_idempotency_standalone_init,
+    ngx_http_idempotency_redis_node_exit,
+    ngx_http_idempotency_standalone_command,
+    ngx_http_idempotency_redis_node_load_script,
+    ngx_http_idempotency_sentinel_handshake,
+    NULL,                                  /* up */
+    ngx_http_idempotency_sentinel_reply,
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    ngx_http_idempotency_sentinel_closed,
+    0,                                     /* nodes */
+    0,                                     /* moves */
+    1                                      /* tls_found */
+};

@@ -9,13 +9,13 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 #if (NGX_HTTP_SSL)
 
 static ngx_int_t ngx_http_idempotency_tls_same(
-    ngx_http_idempotency_loc_conf_t *a, ngx_http_idempotency_loc_conf_t *b);
+    ngx_http_idempotency_tls_conf_t *a, ngx_http_idempotency_tls_conf_t *b);
 static void ngx_http_idempotency_tls_done(ngx_connection_t *c);
 static ngx_int_t ngx_http_idempotency_tls_check_name(ngx_connection_t *c,
     ngx_str_t *name, ngx_uint_t ip);
@@ -54,15 +54,12 @@ ngx_http_idempotency_is_ip(ngx_str_t *host)
 
 char *
 ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
-    ngx_http_idempotency_loc_conf_t *conf)
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc)
 {
 #if (NGX_HTTP_SSL)
     ngx_str_t                     *name, host;
     ngx_ssl_t                     *ssl;
     ngx_pool_cleanup_t            *cln;
-    ngx_http_idempotency_redis_t  *redis;
-
-    redis = conf->redis;
 
     if (!redis->tls) {
         return NGX_CONF_OK;
@@ -71,7 +68,7 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     /* one connection per target: its TLS settings cannot differ by place */
 
     if (redis->ssl) {
-        if (ngx_http_idempotency_tls_same(redis->tls_conf, conf) != NGX_OK) {
+        if (ngx_http_idempotency_tls_same(&redis->tls_conf, tc) != NGX_OK) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"idempotency_redis %V\" is used with "
                                "different idempotency_redis_tls_* settings",
@@ -105,29 +102,29 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     /* commands are appended to a buffer that may move between retries */
     SSL_CTX_set_mode(ssl->ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 
-    if (conf->tls_certificate.len) {
-        if (conf->tls_certificate_key.len == 0) {
+    if (tc->certificate.len) {
+        if (tc->certificate_key.len == 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "no \"idempotency_redis_tls_certificate_key\" "
                                "for the certificate \"%V\"",
-                               &conf->tls_certificate);
+                               &tc->certificate);
             return NGX_CONF_ERROR;
         }
 
-        if (ngx_ssl_certificate(cf, ssl, &conf->tls_certificate,
-                                &conf->tls_certificate_key, NULL)
+        if (ngx_ssl_certificate(cf, ssl, &tc->certificate,
+                                &tc->certificate_key, NULL)
             != NGX_OK)
         {
             return NGX_CONF_ERROR;
         }
     }
 
-    name = conf->tls_name.len ? &conf->tls_name : &redis->host;
+    name = tc->name.len ? &tc->name : &redis->host;
 
-    if (conf->tls_verify) {
-        if (conf->tls_trusted_certificate.len) {
+    if (tc->verify) {
+        if (tc->trusted_certificate.len) {
             if (ngx_ssl_trusted_certificate(cf, ssl,
-                                            &conf->tls_trusted_certificate, 9)
+                                            &tc->trusted_certificate, 9)
                 != NGX_OK)
             {
                 return NGX_CONF_ERROR;
@@ -141,7 +138,7 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
 
         /* with Sentinel: the host of each address, see sentinel.c */
 
-        if (name->len == 0 && redis->sentinel == NULL) {
+        if (name->len == 0 && !redis->topology->tls_found) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"idempotency_redis %V ... tls\" with a "
                                "verified certificate needs "
@@ -169,12 +166,12 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     *ngx_cpymem(redis->tls_name.data, name->data, name->len) = '\0';
     redis->tls_name.len = name->len;
     redis->tls_name_ip = ngx_http_idempotency_is_ip(name);
-    redis->tls_verify = conf->tls_verify;
-    redis->tls_conf = conf;
+    redis->tls_verify = tc->verify;
+    redis->tls_conf = *tc;
     redis->ssl = ssl;
 
-    if (redis->sentinel) {
-        ngx_http_idempotency_sentinel_tls(redis);
+    if (redis->topology->tls) {
+        redis->topology->tls(redis);
     }
 
     return NGX_CONF_OK;
@@ -190,25 +187,25 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
 #if (NGX_HTTP_SSL)
 
 static ngx_int_t
-ngx_http_idempotency_tls_same(ngx_http_idempotency_loc_conf_t *a,
-    ngx_http_idempotency_loc_conf_t *b)
+ngx_http_idempotency_tls_same(ngx_http_idempotency_tls_conf_t *a,
+    ngx_http_idempotency_tls_conf_t *b)
 {
     ngx_uint_t   i;
     ngx_str_t   *sa, *sb;
     ngx_str_t   *as[4], *bs[4];
 
-    if (a->tls_verify != b->tls_verify) {
+    if (a->verify != b->verify) {
         return NGX_DECLINED;
     }
 
-    as[0] = &a->tls_trusted_certificate;
-    as[1] = &a->tls_name;
-    as[2] = &a->tls_certificate;
-    as[3] = &a->tls_certificate_key;
-    bs[0] = &b->tls_trusted_certificate;
-    bs[1] = &b->tls_name;
-    bs[2] = &b->tls_certificate;
-    bs[3] = &b->tls_certificate_key;
+    as[0] = &a->trusted_certificate;
+    as[1] = &a->name;
+    as[2] = &a->certificate;
+    as[3] = &a->certificate_key;
+    bs[0] = &b->trusted_certificate;
+    bs[1] = &b->name;
+    bs[2] = &b->certificate;
+    bs[3] = &b->certificate_key;
 
     for (i = 0; i < 4; i++) {
         sa = as[i];
@@ -347,27 +344,21 @@ static ngx_str_t *
 ngx_http_idempotency_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
-    ngx_str_t                        *name;
-    ngx_http_idempotency_redis_t     *redis;
-    ngx_http_idempotency_loc_conf_t  *conf;
+    ngx_str_t                     *name;
+    ngx_http_idempotency_redis_t  *redis;
 
     redis = node->redis;
-    conf = redis->tls_conf;
 
-    if (redis->seeds && node->host.len && conf->tls_name.len == 0) {
-        *ip = 0;
-        return &node->host;
+    if (redis->topology->tls_name) {
+        name = redis->topology->tls_name(node, ip);
+
+        if (name) {
+            return name;
+        }
     }
 
-    if (redis->tls_name.len || redis->sentinel == NULL) {
-        *ip = redis->tls_name_ip;
-        return &redis->tls_name;
-    }
-
-    name = ngx_http_idempotency_sentinel_tls_name(node);
-    *ip = ngx_http_idempotency_is_ip(name);
-
-    return name;
+    *ip = redis->tls_name_ip;
+    return &redis->tls_name;
 }
 
 

@@ -18,7 +18,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_store.h"
 
 #include <openssl/rand.h>
 
@@ -63,28 +63,30 @@ char *
 ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
-    ngx_http_idempotency_loc_conf_t *ilcf = conf;
-
     u_char                             buf[NGX_HTTP_IDEMPOTENCY_CRYPT_READ];
     ssize_t                            n;
     ngx_str_t                         *value, name, id;
     ngx_uint_t                         i;
+    ngx_array_t                      **set;
     ngx_pool_cleanup_t                *cln;
     ngx_http_idempotency_crypt_key_t  *key, *keys;
+
+    /* the location's keys, where the command's offset says */
+    set = (ngx_array_t **) ((char *) conf + cmd->offset);
 
     value = cf->args->elts;
 
     if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
 
-        if (ilcf->encrypt_keys != NGX_CONF_UNSET_PTR || cf->args->nelts > 2) {
+        if (*set != NGX_CONF_UNSET_PTR || cf->args->nelts > 2) {
             return "\"off\" stands alone";
         }
 
-        ilcf->encrypt_keys = NULL;
+        *set = NULL;
         return NGX_CONF_OK;
     }
 
-    if (ilcf->encrypt_keys == NULL) {
+    if (*set == NULL) {
         return "\"off\" stands alone";
     }
 
@@ -96,19 +98,19 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if (ilcf->encrypt_keys == NGX_CONF_UNSET_PTR) {
-        ilcf->encrypt_keys = ngx_array_create(cf->pool, 2,
+    if (*set == NGX_CONF_UNSET_PTR) {
+        *set = ngx_array_create(cf->pool, 2,
                                       sizeof(ngx_http_idempotency_crypt_key_t));
-        if (ilcf->encrypt_keys == NULL) {
+        if (*set == NULL) {
             return NGX_CONF_ERROR;
         }
     }
 
     /* a record names its key by id: one id, one key */
 
-    keys = ilcf->encrypt_keys->elts;
+    keys = (*set)->elts;
 
-    for (i = 0; i < ilcf->encrypt_keys->nelts; i++) {
+    for (i = 0; i < (*set)->nelts; i++) {
         if (keys[i].id.len == id.len
             && ngx_strncmp(keys[i].id.data, id.data, id.len) == 0)
         {
@@ -140,7 +142,7 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    key = ngx_array_push(ilcf->encrypt_keys);
+    key = ngx_array_push(*set);
     if (key == NULL) {
         ngx_explicit_memzero(buf, sizeof(buf));
         return NGX_CONF_ERROR;

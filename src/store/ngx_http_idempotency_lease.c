@@ -15,7 +15,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_store.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_KIND_LEASE    'L'
@@ -29,9 +29,6 @@
 #define NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH  1600000000000ULL
 
 
-static void ngx_http_idempotency_renew(ngx_event_t *ev);
-static void ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
 static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
 
 
@@ -46,7 +43,7 @@ static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
  * string order follows the server's locale.
  */
 
-ngx_str_t  ngx_http_idempotency_renew_script = ngx_string(
+static ngx_str_t  ngx_http_idempotency_renew_script = ngx_string(
     "if redis.call('GETRANGE', KEYS[1], 0, 46) ~= ARGV[1] then\n"
     "  return 0\n"
     "end\n"
@@ -128,7 +125,7 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
     uint64_t     deadline;
     ngx_uint_t   st;
 
-    *status = NGX_HTTP_BAD_GATEWAY;
+    *status = NGX_HTTP_IDEMPOTENCY_STATUS_UNKNOWN;
 
     if (head[NGX_HTTP_IDEMPOTENCY_MARK_AT] != NGX_HTTP_IDEMPOTENCY_LEASE_MARK)
     {
@@ -196,79 +193,26 @@ ngx_http_idempotency_lease_deadline(u_char *head)
     return deadline < NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH ? 0 : deadline;
 }
 
-
 /*
- * Renewal starts with the owner and stops with its request: a request
- * shorter than a third of the lock never renews.  The timer is not
- * cancelable: a worker that shuts down keeps renewing for the requests it
- * still serves, until worker_shutdown_timeout.
+ * Sends the renewal of an owner's lease for lock_ttl more, the key's TTL
+ * to lock_ttl + ttl; its reply is 1 while the claim is still the owner's.
+ * On NGX_ERROR the op has been freed.
  */
 
-void
-ngx_http_idempotency_lease_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
+ngx_int_t
+ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl)
 {
-    ngx_event_t  *ev;
+    u_char       word[6], pttl[NGX_INT_T_LEN];
+    size_t       argvlen[7];
+    const char  *argv[7];
 
-    ctx->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
-
-    ev = &ctx->lease;
-    ev->handler = ngx_http_idempotency_renew;
-    ev->data = ctx;
-    ev->log = r->connection->log;
-
-    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
-}
-
-
-void
-ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx)
-{
-    if (ctx->lease.timer_set) {
-        ngx_del_timer(&ctx->lease);
-    }
-
-    if (ctx->renew_op) {
-        ctx->renew_op->ctx = NULL;
-        ctx->renew_op = NULL;
-    }
-}
-
-
-static void
-ngx_http_idempotency_renew(ngx_event_t *ev)
-{
-    ngx_http_idempotency_ctx_t *ctx = ev->data;
-
-    u_char                      word[6], ttl[NGX_INT_T_LEN];
-    size_t                      argvlen[7];
-    const char                 *argv[7];
-    ngx_http_idempotency_op_t  *op;
-
-    if (ctx->finished) {
-        return;
-    }
-
-    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
-
-    if (ctx->renew_op) {
-        /* the last one is not answered yet: its deadline still holds */
-        return;
-    }
-
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
-        return;
-    }
-
-    op->ctx = ctx;
-    op->handler = ngx_http_idempotency_renew_done;
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-    op->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
+    op->rkey_len = rkey->len;
+    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+    op->lease_end = ngx_current_msec + lock_ttl;
 
     ngx_http_idempotency_lease_word(word, ngx_http_idempotency_epoch_msec()
-                                          + ctx->conf->lock_ttl);
+                                          + lock_ttl);
 
     argv[0] = "EVAL";
     argvlen[0] = 4;
@@ -276,63 +220,16 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
     argvlen[1] = ngx_http_idempotency_renew_script.len;
     argv[2] = "1";
     argvlen[2] = 1;
-    argv[3] = (const char *) ctx->rkey.data;
-    argvlen[3] = ctx->rkey.len;
-    argv[4] = (const char *) ctx->claim;
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_WORD_AT;
     argv[5] = (const char *) word;
     argvlen[5] = 6;
-    argv[6] = (const char *) ttl;
-    argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
-                                                   + ctx->conf->ttl)
-                 - ttl;
+    argv[6] = (const char *) pttl;
+    argvlen[6] = ngx_http_idempotency_decimal(pttl, lock_ttl + ttl) - pttl;
 
-    if (ngx_http_idempotency_redis_command(op, 7, argv, argvlen) != NGX_OK) {
-        ngx_log_error(NGX_LOG_WARN, ev->log, 0,
-                      "idempotency: cannot renew the claim, redis \"%V\" is "
-                      "not connected, key hash %*s", &ctx->redis->name,
-                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ngx_http_idempotency_key_hash(ctx));
-        return;
-    }
-
-    ctx->renew_op = op;
-}
-
-
-static void
-ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = op->ctx;
-
-    if (ctx == NULL) {
-        /* the request ended meanwhile */
-        return;
-    }
-
-    ctx->renew_op = NULL;
-
-    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
-        ctx->lease_end = op->lease_end;
-        return;
-    }
-
-    if (ctx->finished) {
-        /* a store or unknown outcome is there now: nothing to renew */
-        return;
-    }
-
-    ngx_log_error((ngx_uint_t) (reply ? NGX_LOG_ERR : NGX_LOG_WARN),
-                  ctx->request->connection->log, 0,
-                  "idempotency: the claim was not renewed: %s, key hash %*s",
-                  reply == NULL ? "redis went away"
-                  : reply->type == REDIS_REPLY_ERROR ? "redis error"
-                  : "the key is no longer this request's",
-                  (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                  ngx_http_idempotency_key_hash(ctx));
+    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
 }
 
 

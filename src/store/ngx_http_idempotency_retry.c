@@ -17,7 +17,15 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_store.h"
+
+
+static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
+
+
+/* an outcome that became unknown here: metrics.c counts it */
+void  (*ngx_http_idempotency_store_unknown)(ngx_uint_t cause) =
+    ngx_http_idempotency_no_unknown;
 
 
 #define NGX_HTTP_IDEMPOTENCY_RETRY_FIRST   50
@@ -242,7 +250,8 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
     op->retry_backoff = rt->backoff;
     op->again = 1;
     op->resent = 1;
-    op->sha = (argvlen[0] == 7 && ngx_strncmp(argv[0], "EVALSHA", 7) == 0);
+    op->script = (argvlen[0] == 7 && ngx_strncmp(argv[0], "EVALSHA", 7) == 0)
+                 ? &ngx_http_idempotency_finish_script : NULL;
     op->rkey_len = saved->rkey_len;
     ngx_memcpy(op->rkey, saved->rkey, saved->rkey_len);
     ngx_memcpy(op->claim, saved->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
@@ -273,7 +282,7 @@ again:
                       saved->info_len ? saved->info : saved->rkey);
 
         if (saved->store || !saved->orphan) {
-            ngx_http_idempotency_metrics_unknown(
+            ngx_http_idempotency_store_unknown(
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_STORE_LOST);
         }
 
@@ -388,4 +397,10 @@ ngx_http_idempotency_retry_exit(void)
                       "acknowledged by redis; their keys read as "
                       "outcome-unknown once their leases end", n);
     }
+}
+
+
+static void
+ngx_http_idempotency_no_unknown(ngx_uint_t cause)
+{
 }

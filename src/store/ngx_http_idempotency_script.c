@@ -6,7 +6,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_store.h"
 
 
 /*
@@ -96,6 +96,16 @@ static ngx_int_t ngx_http_idempotency_script_sha(ngx_str_t *script,
 ngx_int_t
 ngx_http_idempotency_script_init(void)
 {
+    /* the claim script (Redis 6.2), and the finish script of every store */
+
+    static ngx_str_t  load[2];
+
+    load[0] = ngx_http_idempotency_claim_script;
+    load[1] = ngx_http_idempotency_finish_script;
+
+    ngx_http_idempotency_redis_scripts = load;
+    ngx_http_idempotency_redis_nscripts = 2;
+
     if (ngx_http_idempotency_script_sha(&ngx_http_idempotency_claim_script,
                                         ngx_http_idempotency_claim_sha)
         != NGX_OK)

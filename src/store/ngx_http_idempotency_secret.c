@@ -14,7 +14,7 @@
  */
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_store.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_SECRET_MIN  32
@@ -29,8 +29,6 @@ char *
 ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
-    ngx_http_idempotency_loc_conf_t *ilcf = conf;
-
     u_char                  buf[NGX_HTTP_IDEMPOTENCY_SECRET_MAX + 1];
     u_char                  key[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
     u_char                  pad[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
@@ -40,16 +38,19 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_uint_t              i;
     unsigned int            dlen;
     ngx_pool_cleanup_t     *cln;
-    ngx_http_idempotency_secret_t  *s;
+    ngx_http_idempotency_secret_t  *s, **set;
 
-    if (ilcf->secret != NGX_CONF_UNSET_PTR) {
+    /* the location's secret, where the command's offset says */
+    set = (ngx_http_idempotency_secret_t **) ((char *) conf + cmd->offset);
+
+    if (*set != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
 
     if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
-        ilcf->secret = NULL;
+        *set = NULL;
         return NGX_CONF_OK;
     }
 
@@ -132,7 +133,7 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_explicit_memzero(key, sizeof(key));
     ngx_explicit_memzero(pad, sizeof(pad));
 
-    ilcf->secret = s;
+    *set = s;
 
     return NGX_CONF_OK;
 }

@@ -1,0 +1,391 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ */
+
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_HTTP_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_HTTP_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_store.h"
+
+
+/* what the owner's upstream did (outcome.c) */
+#define NGX_HTTP_IDEMPOTENCY_OUT_NONE       0   /* no upstream: own answer */
+#define NGX_HTTP_IDEMPOTENCY_OUT_NOT_SENT   1   /* never reached: nothing ran */
+#define NGX_HTTP_IDEMPOTENCY_OUT_SENT       2   /* may have run, no header */
+#define NGX_HTTP_IDEMPOTENCY_OUT_ANSWERED   3   /* a response header came */
+
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP     0
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD  1
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_RELEASE  2
+
+/* $idempotency_status values */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_BYPASS = 0,
+    NGX_HTTP_IDEMPOTENCY_NEW,
+    NGX_HTTP_IDEMPOTENCY_REPLAY,
+    NGX_HTTP_IDEMPOTENCY_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_INVALID,
+    NGX_HTTP_IDEMPOTENCY_MISSING,
+    NGX_HTTP_IDEMPOTENCY_ERROR,
+    NGX_HTTP_IDEMPOTENCY_UNKNOWN
+} ngx_http_idempotency_status_e;
+
+
+/* request state machine, see docs/design.md */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_ST_INIT = 0,
+    NGX_HTTP_IDEMPOTENCY_ST_READING_BODY,
+    NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE,
+    NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS,
+    NGX_HTTP_IDEMPOTENCY_ST_POLLING,
+    NGX_HTTP_IDEMPOTENCY_ST_DECIDED,
+    NGX_HTTP_IDEMPOTENCY_ST_DONE
+} ngx_http_idempotency_state_e;
+
+
+/* what the claim round trip decided */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_GO_OWNER = 0,
+    NGX_HTTP_IDEMPOTENCY_GO_REPLAY,
+    NGX_HTTP_IDEMPOTENCY_GO_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
+    NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_GO_ERROR,
+    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN,     /* may have run: on_unknown */
+    NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER    /* take(): sent, not answered */
+} ngx_http_idempotency_go_e;
+
+#define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
+#define NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS    1
+
+
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_MISSING = 0,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN,
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_BODY
+} ngx_http_idempotency_problem_e;
+
+
+typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
+
+
+typedef struct {
+    ngx_array_t                      servers;    /* redis_t * */
+    ngx_http_idempotency_redis_t    *default_server;
+
+    void                            *metrics;    /* metrics.c */
+} ngx_http_idempotency_main_conf_t;
+
+
+typedef struct {
+    ngx_flag_t                       enable;
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_msec_t                       redis_timeout;
+    ngx_str_t                        prefix;
+    ngx_http_complex_value_t        *key;        /* NULL: the header */
+    size_t                           key_max_length;
+    ngx_http_complex_value_t        *scope;
+    ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
+    ngx_array_t                     *encrypt_keys;   /* crypt.c, or NULL */
+    ngx_uint_t                       methods;
+    ngx_flag_t                       required;
+    ngx_msec_t                       ttl;
+    ngx_msec_t                       lock_ttl;
+    ngx_msec_t                       wait;
+    ngx_array_t                     *store_status;   /* ngx_uint_t */
+    size_t                           store_max_size;
+    ngx_array_t                     *hide_headers;   /* ngx_str_t */
+    ngx_array_t                     *pass_headers;   /* ngx_str_t */
+    ngx_uint_t                       metrics_zone;   /* id, metrics.c */
+    ngx_uint_t                       on_redis_error;
+    ngx_str_t                        problem_base_uri;
+    ngx_flag_t                       dry_run;
+    ngx_uint_t                       on_unknown;
+
+    /* reply.c: what the client libraries read in the module's answers */
+    ngx_flag_t                       problem_error_member;
+    ngx_flag_t                       retry_hints;
+    ngx_flag_t                       expires_header;
+    ngx_uint_t                       admin;      /* idempotency_admin */
+    ngx_msec_t                       fresh_detect;   /* 0: off */
+
+    /* wait.c: WAIT (WAITAOF with aof) after a claim and a store */
+    ngx_uint_t                       redis_wait;     /* 0 and !aof: off */
+    ngx_uint_t                       redis_wait_aof; /* unsigned:1 */
+    ngx_msec_t                       redis_wait_timeout;
+
+    /* the TLS of the Redis connection, applied to conf->redis */
+    ngx_flag_t                       tls_verify;
+    ngx_str_t                        tls_trusted_certificate;
+    ngx_str_t                        tls_name;
+    ngx_str_t                        tls_certificate;
+    ngx_str_t                        tls_certificate_key;
+
+    /* for the nginx -t warnings */
+    ngx_str_t                        conf_file;  /* where the block starts */
+    ngx_uint_t                       conf_line;
+    ngx_uint_t                       redis_default;  /* unsigned:1 */
+} ngx_http_idempotency_loc_conf_t;
+
+
+/* the captured response of the owner */
+typedef struct {
+    u_char                          *start;      /* the record being built */
+    u_char                          *last;
+    u_char                          *end;
+    ngx_chain_t                     *chunks;     /* body of unknown length */
+    ngx_chain_t                    **chunks_last;
+    ngx_buf_t                       *tail;
+    size_t                           body_len;
+    off_t                            expected;   /* Content-Length or -1 */
+} ngx_http_idempotency_capture_t;
+
+
+struct ngx_http_idempotency_ctx_s {
+    ngx_http_request_t              *request;
+    ngx_http_idempotency_loc_conf_t *conf;
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_op_t       *op;
+    ngx_http_idempotency_op_t       *wait_op;    /* sent behind the claim */
+
+    ngx_uint_t                       state;
+    ngx_uint_t                       go;
+    ngx_uint_t                       claim_mode;
+    ngx_uint_t                       status;     /* $idempotency_status */
+
+    EVP_MD_CTX                      *md;
+    ngx_str_t                        rkey;
+    ngx_str_t                        request_line;   /* for logs */
+    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    ngx_event_t                      timeout;
+    ngx_event_handler_pt             read_handler;   /* the connection's */
+    ngx_event_handler_pt             write_handler;
+    ngx_msec_t                       wait_until;
+    ngx_msec_t                       poll_delay;
+    void                            *notify;     /* notify.c: a waiter */
+    ngx_uint_t                       notify_epoch;   /* of the last claim */
+
+    /* lease.c: the owner's renewals */
+    ngx_event_t                      lease;
+    ngx_msec_t                       lease_end;  /* as Redis holds it */
+    ngx_http_idempotency_op_t       *renew_op;
+
+    /* outcome.c: upstream attempts before the claim are not the owner's */
+    ngx_uint_t                       states_from;
+
+    /* an unknown outcome read, and the record to take over under forward */
+    ngx_uint_t                       unknown_status;
+    ngx_uint_t                       takes;
+    uint64_t                         sent_at;    /* epoch ms, the last claim */
+    u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    ngx_http_idempotency_record_t    record;
+    ngx_http_idempotency_capture_t   capture;
+
+    unsigned                         owner:1;
+    unsigned                         hashing:1;
+    unsigned                         capturing:1;
+    unsigned                         finished:1;
+    unsigned                         header_seen:1;
+    unsigned                         gone:1;     /* the client went away */
+    unsigned                         expired:1;  /* seen: a dead owner's */
+    unsigned                         previous_unknown:1;
+    unsigned                         took_over:1;    /* forward: never free */
+
+    /* fresh.c: the same request under another key */
+    ngx_str_t                        scope;
+    ngx_http_idempotency_op_t       *fresh_op;
+    u_char                           fresh_other[NGX_HTTP_IDEMPOTENCY_HEX_LEN];
+    unsigned                         fresh_sent:1;
+    unsigned                         fresh_seen:1;
+    unsigned                         fresh_reported:1;
+};
+
+
+extern ngx_module_t  ngx_http_idempotency_module;
+
+extern ngx_http_output_header_filter_pt  ngx_http_idempotency_next_header;
+extern ngx_http_output_body_filter_pt    ngx_http_idempotency_next_body;
+extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
+
+
+/* the 64 hex digits between the braces of the record key */
+#define ngx_http_idempotency_key_hash(ctx)                                    \
+    ((ctx)->rkey.data + (ctx)->rkey.len - 1                                   \
+     - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+
+/* capture.c: the owner's response into a record */
+ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
+ngx_int_t ngx_http_idempotency_record_header(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
+    u_char *head);
+void ngx_http_idempotency_record_set_body_len(
+    ngx_http_idempotency_capture_t *cap, u_char *body);
+void ngx_http_idempotency_content_type(ngx_str_t *value, size_t *type_len,
+    ngx_str_t *charset);
+size_t ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
+
+/* renew.c: the owner renews its lease while its request lives */
+void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx);
+
+/* handler.c */
+extern ngx_str_t  ngx_http_idempotency_status_names[];   /* by status */
+ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
+ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
+    ngx_http_request_t *r);
+void ngx_http_idempotency_wake(ngx_http_request_t *r);
+void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
+
+/* reply.c */
+ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
+    ngx_uint_t status);
+ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
+
+/* key.c */
+ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,
+    size_t max);
+
+/* hash.c */
+ngx_int_t ngx_http_idempotency_hash_init(ngx_cycle_t *cycle);
+void ngx_http_idempotency_hash_done(void);
+ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_key_name(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *scope, ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
+    u_char *hash);
+ngx_int_t ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_fingerprint_update(
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
+ngx_int_t ngx_http_idempotency_fingerprint_finish(
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fingerprint_free(ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_new_token(u_char *token);
+ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+
+/* filter.c */
+ngx_uint_t ngx_http_idempotency_store_status_ok(
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status);
+u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf);
+ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
+    u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
+void ngx_http_idempotency_release(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f, ngx_log_t *log);
+
+/* fresh.c: a new key per attempt */
+char *ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+void ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fresh_report(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_fresh_detach(ngx_http_idempotency_ctx_t *ctx);
+
+/* admin.c: the operator's view of one key */
+char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+/* outcome.c: what is known of the owner's execution */
+void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_uint_t ngx_http_idempotency_outcome(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t *status);
+void ngx_http_idempotency_unknown(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status);
+void ngx_http_idempotency_give_up(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* abort.c */
+void ngx_http_idempotency_keep_upstream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_keep_done(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* metrics.c */
+char *ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_idempotency_metrics_init(ngx_conf_t *cf);
+void ngx_http_idempotency_metrics_claim_sent(ngx_http_idempotency_op_t *op,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_metrics_claim_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
+void ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
+    u_char *value);
+void ngx_http_idempotency_metrics_store_failed(void);
+void ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
+void ngx_http_idempotency_metrics_fresh_key(void);
+void ngx_http_idempotency_metrics_redis_up(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_metrics_redis_down(
+    ngx_http_idempotency_redis_t *redis);
+void *ngx_http_idempotency_metrics_master_add(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+void ngx_http_idempotency_metrics_master_del(void *entry);
+void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
+
+/* wait.c: WAIT or WAITAOF, replicas acknowledge a claim or a store */
+char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *prev,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+void ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
+    ngx_str_t *info);
+
+/* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
+extern ngx_uint_t  ngx_http_idempotency_notify_epoch;
+ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
+    ngx_msec_t *delay);
+void ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply);
+void ngx_http_idempotency_notify_up(ngx_http_idempotency_node_t *node);
+ngx_uint_t ngx_http_idempotency_notify_closed(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_HTTP_H_INCLUDED_ */

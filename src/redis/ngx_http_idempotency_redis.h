@@ -1,0 +1,472 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ */
+
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
+#include <ngx_event_connect.h>
+
+#include <hiredis/hiredis.h>
+
+
+#define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
+#define NGX_HTTP_IDEMPOTENCY_HEX_LEN        64      /* ...in hex */
+#define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
+#define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
+
+/* a claim kept to be sent again after a broken connection (SET or EVALSHA) */
+#define NGX_HTTP_IDEMPOTENCY_RESEND_MAX     384
+
+/* one read from Redis: a 256 KB reply takes 4 reads in one event */
+#define NGX_HTTP_IDEMPOTENCY_READ_SIZE      65536
+
+/* from this size a bulk string is read in place (input.c) */
+#define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
+
+/*
+ * "key hash …, client: …, request: "…"" in the log lines of a store or
+ * release: 95 fixed bytes and an address of at most NGX_SOCKADDR_STRLEN
+ * (113) leave the request line at least 111
+ */
+#define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
+
+/* prefix + "{" + 64 hex digits + "}" */
+#define NGX_HTTP_IDEMPOTENCY_RKEY_MAX                                         \
+    (NGX_HTTP_IDEMPOTENCY_PREFIX_MAX + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+
+/* "IDM1" | state | fingerprint | token: the claim, and every record's head */
+#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
+    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + NGX_HTTP_IDEMPOTENCY_TOKEN_LEN)
+
+
+/* how the claim is sent; each step down is taken once, on a refusal */
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_SET      0
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA  1
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL     2
+
+
+typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
+typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
+typedef struct ngx_http_idempotency_sentinel_s
+    ngx_http_idempotency_sentinel_t;
+typedef struct ngx_http_idempotency_node_s   ngx_http_idempotency_node_t;
+
+
+/*
+ * A topology: how a target finds its nodes, routes its commands and
+ * follows its changes.  Standalone (redis.c), a Sentinel-managed master
+ * and its Sentinels (sentinel.c) and Cluster (cluster.c) each fill one;
+ * the client calls through it and never asks which one a target has.  A
+ * NULL handler is not called.
+ */
+typedef struct {
+    /* at configuration, where the target is used: how to find it */
+    ngx_int_t                      (*conf)(ngx_conf_t *cf,
+                                       ngx_http_idempotency_redis_t *redis,
+                                       ngx_resolver_t *resolver,
+                                       ngx_msec_t resolver_timeout);
+    void                           (*tls)(ngx_http_idempotency_redis_t *redis);
+    ngx_str_t                     *(*tls_name)(
+                                       ngx_http_idempotency_node_t *node,
+                                       ngx_uint_t *ip);
+
+    /* in a worker */
+    ngx_int_t                      (*init)(ngx_cycle_t *cycle,
+                                       ngx_http_idempotency_redis_t *redis);
+    void                           (*exit)(ngx_http_idempotency_redis_t *redis);
+    ngx_int_t                      (*command)(ngx_http_idempotency_op_t *op,
+                                       int argc, const char **argv,
+                                       const size_t *argvlen);
+    void                           (*load_script)(
+                                       ngx_http_idempotency_redis_t *redis);
+
+    /* a node's life: after CLIENT SETNAME (NGX_OK: scripts follow) */
+    ngx_int_t                      (*handshake)(
+                                       ngx_http_idempotency_node_t *node);
+    void                           (*up)(ngx_http_idempotency_node_t *node);
+
+    /* a reply before the FIFO sees it, then one to its command (NGX_DONE) */
+    ngx_int_t                      (*reply)(ngx_http_idempotency_node_t *node,
+                                       redisReply *reply);
+    ngx_int_t                      (*redirect)(
+                                       ngx_http_idempotency_node_t *node,
+                                       ngx_http_idempotency_op_t *op,
+                                       redisReply *reply);
+
+    /* a closed node: its commands (NGX_OK: taken back), then the node */
+    ngx_int_t                      (*lost)(ngx_http_idempotency_node_t *node,
+                                       ngx_http_idempotency_op_t *op);
+    ngx_uint_t                     (*wanted)(ngx_http_idempotency_node_t *node);
+    void                           (*closed)(ngx_http_idempotency_node_t *node);
+
+    /* many nodes, each by its own address or name (logs name the node) */
+    ngx_uint_t                       nodes;
+    /* the node's address is learned at run time and moves */
+    ngx_uint_t                       moves;
+    /* the TLS name may come from where the node was found */
+    ngx_uint_t                       tls_found;
+} ngx_http_idempotency_topology_t;
+
+
+/* the idempotency_redis_tls_* settings of a target */
+typedef struct {
+    ngx_flag_t                       verify;
+    ngx_str_t                        trusted_certificate;
+    ngx_str_t                        name;
+    ngx_str_t                        certificate;
+    ngx_str_t                        certificate_key;
+} ngx_http_idempotency_tls_conf_t;
+
+
+
+/*
+ * One connection to one Redis server (conn.c moves the bytes, redis.c the
+ * commands).  A backend has one node today; a cluster would have one per
+ * shard master, each with its own FIFO of sent commands.
+ */
+struct ngx_http_idempotency_node_s {
+    ngx_http_idempotency_redis_t    *redis;      /* the backend it serves */
+    ngx_log_t                        log;        /* keeps the reason */
+    ngx_peer_connection_t            peer;
+    ngx_connection_t                *conn;       /* NULL: none */
+    ngx_pool_t                      *pool;       /* of the connection */
+    ngx_resolver_ctx_t              *resolving;
+    redisReader                     *reader;
+    u_char                          *in;         /* recv buffer */
+
+    /* input.c: a large bulk string read in place */
+    u_char                          *bulk;
+    size_t                           bulk_size;  /* with its CRLF */
+    size_t                           bulk_got;
+
+    /* formatted commands not yet sent */
+    u_char                          *out;
+    u_char                          *out_pos;
+    u_char                          *out_last;
+    u_char                          *out_end;
+
+    /* sent or queued commands, in the order of their replies */
+    ngx_http_idempotency_op_t       *head;
+    ngx_http_idempotency_op_t      **tail;
+    ngx_uint_t                       pending;
+
+    /* claims lost with a connection, sent again on the next one */
+    ngx_http_idempotency_op_t       *parked;
+    ngx_http_idempotency_op_t      **parked_tail;
+
+    ngx_addr_t                      *addrs;      /* last resolved */
+    ngx_uint_t                       naddrs;
+    ngx_uint_t                       addr;       /* the one to try next */
+#if (NGX_HTTP_SSL)
+    ngx_ssl_session_t               *session;
+#endif
+
+    ngx_event_t                      connect_ev;
+    ngx_event_t                      reconnect_ev;
+    ngx_event_t                      reset_ev;
+    ngx_event_t                      watchdog_ev;
+    ngx_event_t                      flush_ev;
+    ngx_msec_t                       backoff;
+
+    /* cluster.c: a node known by name, resolved on every connect */
+    ngx_str_t                        host;
+    in_port_t                        port;
+
+    /* what nginx said about the connection last: the failure's reason */
+    size_t                           reason_len;
+    ngx_uint_t                       reason_level;
+    u_char                           reason[160];
+
+    unsigned                         open:1;     /* takes commands */
+    unsigned                         connected:1;    /* TCP */
+    unsigned                         ready:1;    /* TCP and TLS */
+    unsigned                         handshake_failed:1;
+    unsigned                         failed:1;   /* failure logged */
+    unsigned                         up:1;       /* handshake succeeded */
+    unsigned                         was_up:1;
+    unsigned                         refused:1;  /* refusal logged */
+    unsigned                         notify:1;   /* a subscriber */
+
+    /*
+     * a subscriber's owner (notify.c) is handed every reply first (NGX_DONE:
+     * taken), told of its handshake, and asked on a close whether to
+     * reconnect
+     */
+    ngx_int_t                      (*push)(ngx_http_idempotency_node_t *node,
+                                           redisReply *reply);
+    void                           (*up_handler)(
+                                       ngx_http_idempotency_node_t *node);
+    ngx_uint_t                     (*closed_handler)(
+                                       ngx_http_idempotency_node_t *node);
+};
+
+
+/* one Redis target; the runtime part is per worker (after fork) */
+struct ngx_http_idempotency_redis_s {
+    ngx_str_t                        name;       /* for logs */
+    ngx_str_t                        host;       /* to resolve, or empty */
+    ngx_addr_t                      *addrs;      /* resolved when parsed */
+    ngx_uint_t                       naddrs;
+    in_port_t                        port;
+    ngx_uint_t                       db;
+    ngx_str_t                        user;
+    ngx_str_t                        password;
+    ngx_msec_t                       timeout;    /* connect, watchdog */
+    ngx_uint_t                       used;       /* unsigned  used:1; */
+    ngx_resolver_t                  *resolver;   /* NULL: addrs only */
+    ngx_msec_t                       resolver_timeout;
+    ngx_str_t                        conf_file;  /* where it is written */
+    ngx_uint_t                       conf_line;
+
+    ngx_uint_t                       tls;        /* unsigned  tls:1; */
+#if (NGX_HTTP_SSL)
+    ngx_ssl_t                       *ssl;
+    ngx_str_t                        tls_name;   /* NUL-terminated */
+    ngx_flag_t                       tls_verify;
+    ngx_http_idempotency_tls_conf_t  tls_conf;   /* as configured */
+    unsigned                         tls_name_ip:1;
+#endif
+
+    ngx_http_idempotency_topology_t *topology;
+    ngx_http_idempotency_node_t     *node;       /* per worker */
+    ngx_msec_t                       wait_timeout;   /* the longest WAIT */
+    ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
+    ngx_uint_t                       claim_mode;
+
+    /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
+    ngx_array_t                     *seeds;
+    ngx_array_t                     *seed_names;    /* given by name */
+    void                            *cluster;    /* per worker */
+    void                            *notify;     /* notify.c, per worker */
+    void                           (*exit_handler)(
+                                       ngx_http_idempotency_redis_t *redis);
+
+    ngx_log_t                       *log;
+
+    unsigned                         exiting:1;
+    unsigned                         script_refused:1;
+};
+
+
+typedef void (*ngx_http_idempotency_reply_pt)(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+
+
+/* hiredis privdata: lives outside r->pool so late replies are harmless */
+struct ngx_http_idempotency_op_s {
+    ngx_http_idempotency_op_t       *next;       /* free list */
+    ngx_http_idempotency_redis_t    *redis;
+    void                            *data;       /* the sender's; NULL:
+                                                    nobody waits */
+    ngx_http_idempotency_reply_pt    handler;
+    ngx_http_idempotency_node_t     *node;       /* sent on */
+    size_t                           rkey_len;
+    unsigned                         store:1;
+    unsigned                         resend:1;   /* safe to send twice */
+    unsigned                         resent:1;
+    unsigned                         orphan:1;   /* a lost claim's release */
+    unsigned                         rechecked:1;    /* ...sent once more */
+    unsigned                         release_lost:1; /* claim: if lost */
+    unsigned                         cause:2;    /* finish: unknown, why */
+
+    /* retry.c: a finish is sent again until acknowledged or until then */
+    ngx_msec_t                       lease_end;
+    ngx_msec_t                       retry_backoff;
+
+    /* a take whose reply is lost: its unknown outcome's ttl (forward) */
+    ngx_msec_t                       ttl;
+    unsigned                         forward:1;
+    u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
+    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    size_t                           info_len;
+    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    /* metrics.c: when the claim was sent, where the store is counted */
+    uint64_t                         sent;
+    ngx_uint_t                       zone;
+    unsigned                         too_large:1;
+
+    /* redis.c: the command as sent, when resend is set */
+    size_t                           cmd_len;
+    u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
+
+    /* wait.c: the acknowledgements asked for; set by wait.c alone */
+    ngx_uint_t                       replicas;
+    unsigned                         won:1;      /* the claim it follows */
+    unsigned                         aof:1;      /* WAITAOF */
+    /* cluster.c: the command, owned by the op until its reply */
+    u_char                          *buf;
+    size_t                           buf_len;
+    ngx_msec_t                       deadline;
+    ngx_msec_t                       retry_at;
+    ngx_msec_t                       backoff;
+    ngx_uint_t                       redirects;
+    unsigned                         asking:1;   /* sent after ASKING */
+
+    /*
+     * a store or release keeps its command in buf; redis.c sends it again
+     * once after a lost connection (again), and by EVAL of the script's
+     * text after a NOSCRIPT to its EVALSHA (script)
+     */
+    ngx_str_t                       *script;
+    unsigned                         again:1;
+};
+
+
+/*
+ * What the client tells the layers above of its targets (metrics.c counts
+ * them), set at configuration; by default nobody listens.  A cluster
+ * master's entry is whatever master_add() returned.
+ */
+typedef struct {
+    void                          (*up)(ngx_http_idempotency_redis_t *redis);
+    void                          (*down)(ngx_http_idempotency_redis_t *redis);
+    void                         *(*master_add)(
+                                      ngx_http_idempotency_redis_t *redis,
+                                      ngx_str_t *name);
+    void                          (*master_del)(void *entry);
+    void                          (*master_up)(void *entry, ngx_uint_t up);
+} ngx_http_idempotency_redis_events_t;
+
+
+extern ngx_http_idempotency_redis_events_t  ngx_http_idempotency_redis_events;
+
+/* the scripts every connection loads ahead of its commands (SCRIPT LOAD) */
+extern ngx_str_t   *ngx_http_idempotency_redis_scripts;
+extern ngx_uint_t   ngx_http_idempotency_redis_nscripts;
+
+
+/* the topologies */
+extern ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology;
+extern ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology;
+extern ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinels_topology;
+extern ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology;
+
+/* redis.c */
+ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_standalone_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_standalone_command(
+    ngx_http_idempotency_op_t *op, int argc, const char **argv,
+    const size_t *argvlen);
+ngx_http_idempotency_node_t *ngx_http_idempotency_redis_node(
+    ngx_cycle_t *cycle, ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_node_exit(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_node_load_script(
+    ngx_http_idempotency_redis_t *redis);
+ngx_http_idempotency_op_t *ngx_http_idempotency_op_alloc(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
+ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_load_script(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_ops_done(void);
+ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
+    redisReply *reply);
+void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, int argc, const char **argv,
+    const size_t *argvlen);
+
+/* sentinel.c: the master of a Redis Sentinel setup */
+ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
+    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
+    ngx_array_t *servers);
+ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_sentinel_handshake(
+    ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_sentinel_reply(
+    ngx_http_idempotency_node_t *node, redisReply *reply);
+void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis);
+ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
+    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
+void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
+void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_load_script(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+size_t ngx_http_idempotency_format_len(int argc, const size_t *argvlen);
+u_char *ngx_http_idempotency_decimal(u_char *p, size_t n);
+u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
+    const size_t *argvlen);
+
+/* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
+ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
+    in_port_t port, const char *what, ngx_array_t *addrs);
+ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
+ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout);
+void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+ngx_int_t ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+ngx_int_t ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op);
+ngx_uint_t ngx_http_idempotency_cluster_closed(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_cluster_load_script(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
+uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
+ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
+void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
+    u_char *p, size_t len);
+
+/* conn.c: one connection, its bytes and its replies */
+ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout);
+ngx_int_t ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
+    ngx_err_t err, const char *what);
+void ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node);
+u_char *ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
+    size_t len);
+ngx_int_t ngx_http_idempotency_conn_write_now(
+    ngx_http_idempotency_node_t *node, u_char *buf, size_t len);
+void ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node);
+
+/* input.c: received bytes into replies */
+u_char *ngx_http_idempotency_input_buf(ngx_http_idempotency_node_t *node,
+    size_t *size);
+ngx_int_t ngx_http_idempotency_input(ngx_http_idempotency_node_t *node,
+    size_t n);
+void ngx_http_idempotency_input_reset(ngx_http_idempotency_node_t *node);
+
+/* tls.c */
+char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc);
+ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
+#if (NGX_HTTP_SSL)
+void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
+#endif
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

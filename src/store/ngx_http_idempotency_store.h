@@ -1,0 +1,143 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ */
+
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_STORE_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_STORE_H_INCLUDED_
+
+
+#include <openssl/evp.h>
+
+#include "ngx_http_idempotency_redis.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_MAGIC          "IDM1"
+
+/* the status of an unknown outcome that names none: 502 Bad Gateway */
+#define NGX_HTTP_IDEMPOTENCY_STATUS_UNKNOWN  502
+
+#define NGX_HTTP_IDEMPOTENCY_REC_CLAIM      1
+#define NGX_HTTP_IDEMPOTENCY_REC_DONE       2
+#define NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE  3
+#define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
+#define NGX_HTTP_IDEMPOTENCY_REC_SEALED     5   /* 2 or 4, encrypted */
+
+/* the GCM tag that ends a sealed record */
+#define NGX_HTTP_IDEMPOTENCY_TAG_LEN        16
+
+/*
+ * Format 2 claims (lease.c): the token is owner[8] | 0xC1 | kind | word[6];
+ * a lease holds its deadline, an unknown outcome its status and cause.  The
+ * first OWNER_LEN bytes of a claim name its owner.
+ */
+#define NGX_HTTP_IDEMPOTENCY_OWNER_LEN                                        \
+    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + 8)
+#define NGX_HTTP_IDEMPOTENCY_LEASE_MARK     0xC1
+
+#define NGX_HTTP_IDEMPOTENCY_LEASE_OLD      0   /* format 1: a plain lock */
+#define NGX_HTTP_IDEMPOTENCY_LEASE_LIVE     1
+#define NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED  2
+#define NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN  3
+
+/* why a record became unknown: nginx_idempotency_outcomes_unknown_total */
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM    1
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST  2
+#define NGX_HTTP_IDEMPOTENCY_CAUSE_STORE_LOST  3
+#define NGX_HTTP_IDEMPOTENCY_CAUSES            3
+
+
+/* secret.c: the HMAC pads of idempotency_key_secret, absorbed once */
+typedef struct {
+    EVP_MD_CTX                      *inner;
+    EVP_MD_CTX                      *outer;
+} ngx_http_idempotency_secret_t;
+
+
+/* a decoded record; pointers refer to a copy in r->pool */
+typedef struct {
+    ngx_uint_t                       state;
+    u_char                          *fingerprint;
+    u_char                          *token;
+    ngx_uint_t                       status;
+    ngx_uint_t                       nheaders;
+    u_char                          *headers;
+    u_char                          *headers_end;
+    u_char                          *body;
+    size_t                           body_len;
+    ngx_uint_t                       ntrailers;
+    u_char                          *trailers;   /* up to the record's end */
+} ngx_http_idempotency_record_t;
+
+
+/* a store, an unknown outcome or a release: what finish_key() sends */
+typedef struct {
+    ngx_str_t                        rkey;
+    u_char                          *claim;
+    u_char                          *value;      /* NULL: release */
+    size_t                           len;
+    ngx_msec_t                       ttl;
+    ngx_msec_t                       lease_end;  /* sent again until then */
+    ngx_str_t                       *info;       /* for the log, or NULL */
+    unsigned                         orphan:1;   /* a lost claim's release */
+} ngx_http_idempotency_finish_t;
+
+
+/* record.c */
+ngx_int_t ngx_http_idempotency_record_decode(u_char *data, size_t len,
+    ngx_http_idempotency_record_t *rec);
+ngx_int_t ngx_http_idempotency_record_decode_plain(u_char *head, u_char *p,
+    size_t len, ngx_http_idempotency_record_t *rec);
+u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
+    ngx_str_t *value);
+void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
+    ngx_uint_t status);
+
+/* retry.c: finishes sent again until acknowledged or their lease ends */
+extern void  (*ngx_http_idempotency_store_unknown)(ngx_uint_t cause);
+ngx_int_t ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
+    int argc, const char **argv, const size_t *argvlen);
+void ngx_http_idempotency_retry_exit(void);
+
+/* secret.c: keyed record names */
+char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
+    EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
+ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
+    ngx_str_t *directive, ngx_str_t *name, u_char *buf, size_t size);
+
+/* crypt.c: completed records sealed with AES-256-GCM */
+char *ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+size_t ngx_http_idempotency_crypt_room(ngx_array_t *keys);
+ngx_int_t ngx_http_idempotency_crypt_seal(ngx_array_t *keys, ngx_str_t *rkey,
+    u_char *rec, size_t *len);
+ngx_int_t ngx_http_idempotency_crypt_open(ngx_array_t *keys, ngx_log_t *log,
+    ngx_str_t *rkey, u_char *data, size_t len,
+    ngx_http_idempotency_record_t *rec);
+
+/* lease.c: the owner's lease inside its claim */
+uint64_t ngx_http_idempotency_epoch_msec(void);
+void ngx_http_idempotency_lease_set(u_char *claim, ngx_msec_t lock_ttl);
+void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
+    ngx_uint_t status, ngx_uint_t cause);
+ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
+    uint64_t at, ngx_msec_t margin);
+uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
+ngx_int_t ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl);
+
+/* script.c: the Lua that makes claim and finish atomic */
+extern ngx_str_t  ngx_http_idempotency_claim_script;
+extern ngx_str_t  ngx_http_idempotency_finish_script;
+extern ngx_str_t  ngx_http_idempotency_take_script;
+extern u_char     ngx_http_idempotency_claim_sha[41];
+extern u_char     ngx_http_idempotency_finish_sha[41];
+ngx_int_t ngx_http_idempotency_script_init(void);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_STORE_H_INCLUDED_ */

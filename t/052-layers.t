@@ -1,0 +1,68 @@
+# The layers of src/ (docs/design.md, "The layers"): util/layers.py passes
+# on the tree as it is, and fails on copies of it with one breach each, so
+# the check itself is known to bite.
+use strict;
+use warnings;
+use Test::More;
+use File::Temp qw(tempdir);
+
+my $out = `python3 util/layers.py 2>&1`;
+is($? >> 8, 0, 'util/layers.py passes on src/') or diag $out;
+like($out, qr/nothing calls up the stack/, 'it says so');
+
+# one breach per copy: the file to change, what to add, what must be said
+my @breaches = (
+    ['redis/ngx_http_idempotency_conn.c',
+     "void f(void) { ngx_http_idempotency_lease_renew(0, 0, 0, 0, 0); }\n",
+     qr/conn\.c names ngx_http_idempotency_lease_renew, which store/,
+     'redis/ calls a store/ function'],
+    ['store/ngx_http_idempotency_retry.c',
+     "void f(void) { ngx_http_idempotency_metrics_fresh_key(); }\n",
+     qr/retry\.c names ngx_http_idempotency_metrics_fresh_key, which http/,
+     'store/ calls an http/ function'],
+    ['http/ngx_http_idempotency_reply.c',
+     "void f(void) { (void) ngx_http_idempotency_init_module(0); }\n",
+     qr/reply\.c names ngx_http_idempotency_init_module, which ngx_http_idem/,
+     'http/ calls the wiring'],
+    ['store/ngx_http_idempotency_lease.c',
+     "#include \"ngx_http_idempotency_http.h\"\n",
+     qr/lease\.c:\d+ includes ngx_http_idempotency_http\.h/,
+     'store/ includes the http header'],
+    ['redis/ngx_http_idempotency_input.c',
+     "static ngx_http_request_t  *r;\n",
+     qr/input\.c:\d+ sees the request/,
+     'redis/ sees a request'],
+    ['store/ngx_http_idempotency_record.c',
+     "static void *f(ngx_conf_t *cf) { return ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module); }\n",
+     qr/record\.c:\d+ sees the request/,
+     'store/ reads the http configuration'],
+    ['redis/ngx_http_idempotency_redis.c',
+     "static int f(ngx_http_idempotency_redis_t *redis) { return redis->seeds != NULL; }\n",
+     qr/redis\.c:\d+ asks the topology/,
+     'the client asks which topology'],
+);
+
+for my $b (@breaches) {
+    my ($file, $add, $want, $name) = @$b;
+    my $dir = tempdir(CLEANUP => 1);
+    system('cp', '-r', 'src', $dir) == 0 or die "cp: $!";
+    open(my $fh, '>>', "$dir/src/$file") or die "$file: $!";
+    print $fh "\n$add";
+    close $fh;
+
+    my $got = `python3 util/layers.py $dir/src 2>&1`;
+    is($? >> 8, 1, "$name: fails") or diag $got;
+    like($got, $want, "$name: says where") or diag $got;
+}
+
+# a comment or a string naming a higher layer is no breach
+my $dir = tempdir(CLEANUP => 1);
+system('cp', '-r', 'src', $dir) == 0 or die "cp: $!";
+open(my $fh, '>>', "$dir/src/redis/ngx_http_idempotency_conn.c") or die;
+print $fh "\n/* ngx_http_idempotency_lease_renew() and ngx_http_request_t */\n"
+        . "static char *s = \"ngx_http_idempotency_metrics_fresh_key\";\n";
+close $fh;
+$out = `python3 util/layers.py $dir/src 2>&1`;
+is($? >> 8, 0, 'comments and strings are not read') or diag $out;
+
+done_testing();
