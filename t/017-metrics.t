@@ -259,9 +259,25 @@ like($s->{head}, qr{^Content-Type: text/plain; version=0\.0\.4; charset=utf-8\r?
 like($s->{body}, qr/^nginx_idempotency_build_info\{version="\d+\.\d+\.\d+[^"]*"\} 1$/m,
      "build_info with the version");
 for my $name (qw(requests_total stores_total claims_lost_total redis_up
-                 redis_reconnects_total redis_latency_seconds build_info)) {
+                 redis_reconnects_total redis_latency_seconds build_info
+                 redis_info)) {
     like($s->{body}, qr/^# HELP nginx_idempotency_$name .+\n# TYPE nginx_idempotency_$name \w+$/m,
          "HELP and TYPE for $name");
+}
+
+# the server each worker learnt at its handshake, and how a claim ends
+{
+    my $info = join "\n", redis_cli('INFO', 'server');
+    my ($valkey) = $info =~ /^valkey_version:(\d+\.\d+\.\d+)/m;
+    my ($redis) = $info =~ /^redis_version:(\d+\.\d+\.\d+)/m;
+    my $server = $valkey ? "valkey $valkey" : "redis $redis";
+    my ($maj, $min) = ($valkey // '0.0') =~ /^(\d+)\.(\d+)/;
+    my $cas = ($maj > 8 || ($maj == 8 && $min >= 1)) ? 'native' : 'script';
+    my @lines = $s->{body} =~ /^(nginx_idempotency_redis_info\{.*)$/mg;
+    is_deeply(\@lines,
+              ["nginx_idempotency_redis_info{redis=\"127.0.0.1:$redis_port\","
+               . "server=\"$server\",cas=\"$cas\"} 1"],
+              "redis_info: $server, finished by $cas compare-and-set");
 }
 
 {

@@ -45,9 +45,6 @@ static void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static ngx_int_t ngx_http_idempotency_take_command(
-    ngx_http_idempotency_op_t *op, ngx_str_t *rkey, u_char *seen,
-    u_char *value, ngx_msec_t ttl);
 static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -417,11 +414,14 @@ static ngx_int_t
 ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    int                         argc;
-    u_char                      ttl[NGX_INT_T_LEN];
-    size_t                      argvlen[7];
-    const char                 *argv[7];
     ngx_http_idempotency_op_t  *op;
+
+    if (ngx_http_idempotency_claim_allowed(ctx->redis) != NGX_OK) {
+        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
+
+        return ngx_http_idempotency_act(r, ctx);
+    }
 
     op = ngx_http_idempotency_claim_op(r, ctx,
                                        ngx_http_idempotency_claim_done);
@@ -443,58 +443,9 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         ctx->claim_mode = ctx->redis->claim_mode;
     }
 
-    argv[3] = (const char *) ctx->rkey.data;
-    argvlen[3] = ctx->rkey.len;
-    argv[4] = (const char *) ctx->claim;
-    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-
-    switch (ctx->claim_mode) {
-
-    case NGX_HTTP_IDEMPOTENCY_CLAIM_SET:
-        argv[0] = "SET";
-        argvlen[0] = 3;
-        argv[1] = (const char *) ctx->rkey.data;
-        argvlen[1] = ctx->rkey.len;
-        argv[2] = (const char *) ctx->claim;
-        argvlen[2] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-        argv[3] = "NX";
-        argvlen[3] = 2;
-        argv[4] = "GET";
-        argvlen[4] = 3;
-        argv[5] = "PX";
-        argvlen[5] = 2;
-        argv[6] = (const char *) ttl;
-        argvlen[6] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
-                                                       + ctx->conf->ttl)
-                       - ttl;
-        argc = 7;
-        break;
-
-    case NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA:
-        argv[0] = "EVALSHA";
-        argvlen[0] = 7;
-        argv[1] = (const char *) ngx_http_idempotency_claim_sha;
-        argvlen[1] = 40;
-        goto script;
-
-    default: /* NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL */
-        argv[0] = "EVAL";
-        argvlen[0] = 4;
-        argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
-        argvlen[1] = ngx_http_idempotency_claim_script.len;
-
-    script:
-        argv[2] = "1";
-        argvlen[2] = 1;
-        argv[5] = (const char *) ttl;
-        argvlen[5] = ngx_http_idempotency_decimal(ttl, ctx->conf->lock_ttl
-                                                       + ctx->conf->ttl)
-                       - ttl;
-        argc = 6;
-        break;
-    }
-
-    if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
+    if (ngx_http_idempotency_claim_command(op, &ctx->rkey, ctx->claim,
+                                           ctx->conf->lock_ttl + ctx->conf->ttl,
+                                           ctx->claim_mode)
         != NGX_OK)
     {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -870,17 +821,16 @@ static void
 ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_uint_t                   took;
+    ngx_int_t                    took;
     ngx_http_request_t          *r;
     ngx_http_idempotency_ctx_t  *ctx;
 
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
-    took = (reply && reply->type == REDIS_REPLY_INTEGER
-            && reply->integer == 1);
+    took = ngx_http_idempotency_take_result(reply);
 
     if (r == NULL) {
-        if (op->release_lost && (reply == NULL || took)) {
+        if (op->release_lost && (reply == NULL || took == NGX_OK)) {
             ngx_http_idempotency_take_lost(op);
         }
 
@@ -893,7 +843,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
         ngx_del_timer(&ctx->timeout);
     }
 
-    if (took) {
+    if (took == NGX_OK) {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: outcome unknown for key hash %*s, taken "
                       "over by this request (idempotency_on_unknown %s)",
@@ -909,7 +859,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_OWNER;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
 
-    } else if (reply && reply->type == REDIS_REPLY_INTEGER) {
+    } else if (took == NGX_DECLINED) {
         /* the record changed since it was read: read it again */
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
 
@@ -1011,9 +961,7 @@ ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
 {
     ngx_str_t  info;
 
-    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER
-        || reply->integer != 1)
-    {
+    if (ngx_http_idempotency_take_result(reply) != NGX_OK) {
         /* another request wrote it first, or it is read again next time */
         return;
     }
@@ -1028,35 +976,6 @@ ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
                   "idempotency: outcome unknown: the claim's owner went away "
                   "(its lease expired) after the request may have run; "
                   "retries get outcome-unknown, %V", &info);
-}
-
-
-/* take: KEYS[1], ARGV[1] the value read, ARGV[2] the new one, ARGV[3] ms */
-
-static ngx_int_t
-ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl)
-{
-    u_char       px[NGX_INT_T_LEN];
-    size_t       argvlen[7];
-    const char  *argv[7];
-
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
-    argv[1] = (const char *) ngx_http_idempotency_take_script.data;
-    argvlen[1] = ngx_http_idempotency_take_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
-    argv[3] = (const char *) rkey->data;
-    argvlen[3] = rkey->len;
-    argv[4] = (const char *) seen;
-    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    argv[5] = (const char *) value;
-    argvlen[5] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    argv[6] = (const char *) px;
-    argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
-
-    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
 }
 
 

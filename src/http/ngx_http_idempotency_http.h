@@ -298,8 +298,6 @@ void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
     u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
 void ngx_http_idempotency_release(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
-    ngx_http_idempotency_finish_t *f, ngx_log_t *log);
 
 /* fresh.c: a new key per attempt */
 char *ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf,

@@ -367,7 +367,14 @@ ngx_http_idempotency_metrics_init(ngx_conf_t *cf)
                                         ngx_http_idempotency_metrics_master_del;
     ngx_http_idempotency_redis_events.master_up =
                                         ngx_http_idempotency_metrics_master_up;
-    ngx_http_idempotency_store_unknown = ngx_http_idempotency_metrics_unknown;
+    ngx_http_idempotency_store_events.sent =
+                                        ngx_http_idempotency_metrics_store_sent;
+    ngx_http_idempotency_store_events.done =
+                                        ngx_http_idempotency_metrics_store_done;
+    ngx_http_idempotency_store_events.failed =
+                                      ngx_http_idempotency_metrics_store_failed;
+    ngx_http_idempotency_store_events.unknown =
+                                          ngx_http_idempotency_metrics_unknown;
 
     imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
@@ -729,8 +736,9 @@ ngx_http_idempotency_metrics_size(ngx_http_idempotency_metrics_conf_t *mcf,
     rp = imcf->servers.elts;
 
     for (i = 0; i < imcf->servers.nelts; i++) {
-        /* escaping at most doubles a label value */
-        size += 2 * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len);
+        /* escaping at most doubles a label value; and the info line */
+        size += 3 * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len)
+                + sizeof(rp[i]->server);
 
         if (rp[i]->topology->nodes) {
             size += NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS
@@ -861,11 +869,33 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
             p = ngx_http_idempotency_metrics_escape(p, end, &rp[i]->name);
             p = ngx_slprintf(p, end, "\"} %uA\n", s->count[k]);
 
-            if (k == NGX_HTTP_IDEMPOTENCY_METRICS_UP && rp[i]->topology->nodes) {
+            if (k == NGX_HTTP_IDEMPOTENCY_METRICS_UP
+                && rp[i]->topology->nodes)
+            {
                 p = ngx_http_idempotency_metrics_masters(p, end, sh,
                                                          &rp[i]->name);
             }
         }
+    }
+
+    /* as this worker learnt it at its connections' handshakes */
+
+    p = ngx_slprintf(p, end,
+            "# HELP nginx_idempotency_redis_info The server of each Redis "
+            "target, and how its claims are finished: native (SET IFEQ), "
+            "script (Lua), or none (no key is claimed).\n"
+            "# TYPE nginx_idempotency_redis_info gauge\n");
+
+    for (i = 0; i < imcf->servers.nelts; i++) {
+        p = ngx_slprintf(p, end, "nginx_idempotency_redis_info{redis=\"");
+        p = ngx_http_idempotency_metrics_escape(p, end, &rp[i]->name);
+        p = ngx_slprintf(p, end, "\",server=\"%*s\",cas=\"%s\"} 1\n",
+                         rp[i]->server_len ? rp[i]->server_len
+                                           : sizeof("unknown") - 1,
+                         rp[i]->server_len ? rp[i]->server
+                                           : (u_char *) "unknown",
+                         ngx_http_idempotency_native_cas(rp[i]) ? "native"
+                         : rp[i]->script_refused ? "none" : "script");
     }
 
     p = ngx_slprintf(p, end,

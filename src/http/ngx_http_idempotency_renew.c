@@ -99,6 +99,7 @@ static void
 ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
+    ngx_int_t                    rc;
     ngx_http_idempotency_ctx_t  *ctx;
 
     ctx = op->data;
@@ -110,8 +111,15 @@ ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
 
     ctx->renew_op = NULL;
 
-    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+    rc = ngx_http_idempotency_lease_renewed(op, reply, ctx->claim);
+
+    if (rc == NGX_OK) {
         ctx->lease_end = op->lease_end;
+        return;
+    }
+
+    if (rc == NGX_AGAIN) {
+        /* a renewal thought lost had landed: the next one goes from it */
         return;
     }
 

@@ -39,18 +39,6 @@ static void ngx_http_idempotency_wait_store_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 
 
-/*
- * The claim rewritten as it is, TTL kept, if it is still ours: a write of
- * this connection for the WAIT behind it to count.  1: written.
- */
-
-static ngx_str_t  ngx_http_idempotency_wait_touch_script = ngx_string(
-    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
-    "redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')\n"
-    "return 1\n"
-);
-
-
 /* idempotency_redis_wait off | N [TIMEOUT] [aof] */
 
 char *
@@ -390,8 +378,6 @@ static ngx_http_idempotency_op_t *
 ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    size_t                      argvlen[5];
-    const char                 *argv[5];
     ngx_http_idempotency_op_t  *op;
 
     op = ngx_http_idempotency_op_alloc(ctx->redis);
@@ -401,23 +387,10 @@ ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
 
     op->data = ctx;
     op->handler = ngx_http_idempotency_wait_touch_done;
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
 
-    /* by text: this follows only a claim sent again, rarely */
-
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
-    argv[1] = (const char *) ngx_http_idempotency_wait_touch_script.data;
-    argvlen[1] = ngx_http_idempotency_wait_touch_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
-    argv[3] = (const char *) ctx->rkey.data;
-    argvlen[3] = ctx->rkey.len;
-    argv[4] = (const char *) ctx->claim;
-    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-
-    if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_touch_command(op, &ctx->rkey, ctx->claim)
+        != NGX_OK)
+    {
         return NULL;
     }
 
@@ -449,7 +422,7 @@ ngx_http_idempotency_wait_touch_done(ngx_http_idempotency_op_t *op,
 
     ctx->wait_op = NULL;
 
-    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+    if (ngx_http_idempotency_touch_result(reply, ctx->claim) == NGX_OK) {
         return;
     }
 

@@ -28,6 +28,10 @@ static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_info_field(u_char *p, u_char *last,
+    char *name, ngx_str_t *value);
 static ngx_int_t ngx_http_idempotency_node_noscript(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
 static void ngx_http_idempotency_redis_unsolicited(
@@ -349,7 +353,155 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
+    /* which server, for the commands the store may use (store/cas.c) */
+
+    argv[0] = "INFO";
+    argvlen[0] = 4;
+    argv[1] = "server";
+    argvlen[1] = 6;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return;
+    }
+
+    op->handler = ngx_http_idempotency_info_done;
+
+    if (ngx_http_idempotency_node_command(node, op, 2, argv, argvlen)
+        != NGX_OK)
+    {
+        return;
+    }
+
     ngx_http_idempotency_node_load_script(node);
+}
+
+
+/*
+ * "valkey_version:8.1.1" (Valkey also says redis_version:7.2.4, for
+ * clients that know only Redis), else "redis_version:7.0.15".  A target
+ * keeps the lowest version its nodes said: a cluster in a rolling upgrade
+ * is as old as its oldest node.  A server that hides INFO stays unknown.
+ */
+
+static void
+ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    u_char                        *p, *last;
+    ngx_str_t                      v;
+    ngx_uint_t                     i, n, part, version, valkey;
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = op->redis;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_STRING) {
+        return;
+    }
+
+    p = (u_char *) reply->str;
+    last = p + reply->len;
+
+    valkey = ngx_http_idempotency_info_field(p, last, "valkey_version:", &v);
+
+    if (!valkey && !ngx_http_idempotency_info_field(p, last,
+                                                    "redis_version:", &v))
+    {
+        return;
+    }
+
+    /* "X.Y.Z": each part below 100 */
+
+    version = 0;
+    part = 0;
+    n = 0;
+
+    for (i = 0; i <= v.len; i++) {
+        if (i < v.len && v.data[i] >= '0' && v.data[i] <= '9') {
+            part = part * 10 + v.data[i] - '0';
+
+            if (part > 99) {
+                return;
+            }
+
+            continue;
+        }
+
+        if (i < v.len && v.data[i] != '.') {
+            break;
+        }
+
+        version = version * 100 + part;
+        part = 0;
+
+        if (++n == 3) {
+            break;
+        }
+    }
+
+    if (n != 3 || version == 0) {
+        return;
+    }
+
+    if (redis->server_version) {
+        /* a mix of servers: the oldest decides, and Redis over Valkey */
+
+        valkey = valkey && redis->valkey;
+        version = ngx_min(version, redis->server_version);
+
+        if (version == redis->server_version && valkey == redis->valkey) {
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                      "idempotency: redis \"%V\" has a node running %V",
+                      &redis->name, &v);
+    }
+
+    redis->server_version = version;
+    redis->valkey = valkey;
+    redis->server_len = ngx_snprintf(redis->server, sizeof(redis->server),
+                                     "%s %ui.%ui.%ui",
+                                     valkey ? "valkey" : "redis",
+                                     version / 10000, version / 100 % 100,
+                                     version % 100)
+                        - redis->server;
+}
+
+
+/* the value of a "name:value" line of INFO, up to its CRLF */
+
+static ngx_uint_t
+ngx_http_idempotency_info_field(u_char *p, u_char *last, char *name,
+    ngx_str_t *value)
+{
+    u_char  *q;
+    size_t   len;
+
+    len = ngx_strlen(name);
+
+    while (p < last) {
+        q = ngx_strlchr(p, last, LF);
+
+        if (q == NULL) {
+            q = last;
+        }
+
+        if ((size_t) (q - p) > len && ngx_strncmp(p, name, len) == 0) {
+            value->data = p + len;
+            value->len = q - value->data;
+
+            if (value->len && value->data[value->len - 1] == CR) {
+                value->len--;
+            }
+
+            return value->len != 0;
+        }
+
+        p = q + 1;
+    }
+
+    return 0;
 }
 
 
@@ -610,6 +762,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->asking = 0;
     op->again = 0;
     op->script = NULL;
+    op->cas = 0;
     op->orphan = 0;
     op->rechecked = 0;
     op->release_lost = 0;

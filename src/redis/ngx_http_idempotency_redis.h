@@ -250,8 +250,19 @@ struct ngx_http_idempotency_redis_s {
 
     ngx_log_t                       *log;
 
+    /*
+     * the server, as INFO server names it at each data connection's
+     * handshake: "valkey" or "redis", and the lowest version of the nodes
+     * that answered (major * 10000 + minor * 100 + patch); 0: not known yet
+     */
+    ngx_uint_t                       server_version;
+    size_t                           server_len;
+    u_char                           server[32];     /* "valkey 8.1.1" */
+
     unsigned                         exiting:1;
     unsigned                         script_refused:1;
+    unsigned                         valkey:1;
+    unsigned                         cas_missing:1;  /* store/: said so */
 };
 
 
@@ -275,6 +286,7 @@ struct ngx_http_idempotency_op_s {
     unsigned                         rechecked:1;    /* ...sent once more */
     unsigned                         release_lost:1; /* claim: if lost */
     unsigned                         cause:2;    /* finish: unknown, why */
+    unsigned                         cas:2;      /* finish: compared again */
 
     /* retry.c: a finish is sent again until acknowledged or until then */
     ngx_msec_t                       lease_end;

@@ -195,8 +195,9 @@ ngx_http_idempotency_lease_deadline(u_char *head)
 
 /*
  * Sends the renewal of an owner's lease for lock_ttl more, the key's TTL
- * to lock_ttl + ttl; its reply is 1 while the claim is still the owner's.
- * On NGX_ERROR the op has been freed.
+ * to lock_ttl + ttl.  With a native compare-and-set, SET ... IFEQ GET the
+ * claim as the owner last knew it; else the renew script, which compares
+ * the owner's bytes only.  On NGX_ERROR the op has been freed.
  */
 
 ngx_int_t
@@ -204,8 +205,8 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl)
 {
     u_char       word[6], pttl[NGX_INT_T_LEN];
-    size_t       argvlen[7];
-    const char  *argv[7];
+    size_t       argvlen[8];
+    const char  *argv[8];
 
     op->rkey_len = rkey->len;
     ngx_memcpy(op->rkey, rkey->data, rkey->len);
@@ -213,6 +214,29 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
 
     ngx_http_idempotency_lease_word(word, ngx_http_idempotency_epoch_msec()
                                           + lock_ttl);
+
+    argvlen[0] = ngx_http_idempotency_decimal(pttl, lock_ttl + ttl) - pttl;
+
+    if (ngx_http_idempotency_native_cas(op->redis)) {
+        /* the new claim, kept to be the owner's once Redis has it */
+        ngx_memcpy(op->claim, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT);
+        ngx_memcpy(op->claim + NGX_HTTP_IDEMPOTENCY_WORD_AT, word, 6);
+
+        argv[6] = "PX";
+        argvlen[6] = 2;
+        argv[7] = (const char *) pttl;
+        argvlen[7] = argvlen[0];
+
+        ngx_http_idempotency_cas_args(argv, argvlen, rkey, op->claim,
+                                      NGX_HTTP_IDEMPOTENCY_HEAD_LEN, claim);
+        argv[5] = "GET";
+        argvlen[5] = 3;
+
+        return ngx_http_idempotency_redis_command(op, 8, argv, argvlen);
+    }
+
+    argv[6] = (const char *) pttl;
+    argvlen[6] = argvlen[0];
 
     argv[0] = "EVAL";
     argvlen[0] = 4;
@@ -226,10 +250,50 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_WORD_AT;
     argv[5] = (const char *) word;
     argvlen[5] = 6;
-    argv[6] = (const char *) pttl;
-    argvlen[6] = ngx_http_idempotency_decimal(pttl, lock_ttl + ttl) - pttl;
 
     return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+}
+
+
+/*
+ * The reply to a renewal: NGX_OK when the lease holds for lock_ttl more
+ * (claim, the owner's copy, is then what Redis holds), NGX_DECLINED when
+ * the key is no longer this owner's lease (a record, an unknown outcome,
+ * another owner, gone), NGX_ERROR on no reply or an error.  A native
+ * compare that failed on the owner's own lease (a renewal whose reply was
+ * lost landed after all) takes what Redis holds: NGX_AGAIN, and the next
+ * renewal compares with it.  A deadline never moves back: the compare is
+ * on the whole claim, so a renewal that stalled finds a later one there.
+ */
+
+ngx_int_t
+ngx_http_idempotency_lease_renewed(ngx_http_idempotency_op_t *op,
+    redisReply *reply, u_char *claim)
+{
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER) {
+        /* the script */
+        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
+    }
+
+    if (reply->type != REDIS_REPLY_STRING
+        || (size_t) reply->len != NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+        || ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0) {
+        ngx_memcpy(claim, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        return NGX_OK;
+    }
+
+    ngx_memcpy(claim, reply->str, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+    return NGX_AGAIN;
 }
 
 

@@ -20,14 +20,6 @@
 #include "ngx_http_idempotency_store.h"
 
 
-static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
-
-
-/* an outcome that became unknown here: metrics.c counts it */
-void  (*ngx_http_idempotency_store_unknown)(ngx_uint_t cause) =
-    ngx_http_idempotency_no_unknown;
-
-
 #define NGX_HTTP_IDEMPOTENCY_RETRY_FIRST   50
 #define NGX_HTTP_IDEMPOTENCY_RETRY_MAX     1000
 #define NGX_HTTP_IDEMPOTENCY_RETRY_ARGS    8
@@ -49,8 +41,6 @@ typedef struct {
 
 static ngx_uint_t ngx_http_idempotency_retryable(redisReply *reply);
 static void ngx_http_idempotency_retry_handler(ngx_event_t *ev);
-static ngx_int_t ngx_http_idempotency_retry_parse(u_char *p, u_char *last,
-    int *argc, const char **argv, size_t *argvlen);
 static void ngx_http_idempotency_retry_free(ngx_http_idempotency_retry_t *rt);
 
 
@@ -282,7 +272,7 @@ again:
                       saved->info_len ? saved->info : saved->rkey);
 
         if (saved->store || !saved->orphan) {
-            ngx_http_idempotency_store_unknown(
+            ngx_http_idempotency_store_events.unknown(
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_STORE_LOST);
         }
 
@@ -297,7 +287,7 @@ again:
 
 /* "*N\r\n" then N times "$len\r\n" bytes "\r\n", as format() wrote it */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idempotency_retry_parse(u_char *p, u_char *last, int *argc,
     const char **argv, size_t *argvlen)
 {
@@ -397,10 +387,4 @@ ngx_http_idempotency_retry_exit(void)
                       "acknowledged by redis; their keys read as "
                       "outcome-unknown once their leases end", n);
     }
-}
-
-
-static void
-ngx_http_idempotency_no_unknown(ngx_uint_t cause)
-{
 }

@@ -94,13 +94,61 @@ u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
 void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
     ngx_uint_t status);
 
+/*
+ * What the store tells whoever counts its finishes (metrics.c): a finish
+ * sent, its reply, one that could not be sent, and an outcome that became
+ * unknown because a finish was never acknowledged; nobody by default
+ */
+typedef struct {
+    void                           (*sent)(ngx_http_idempotency_op_t *op,
+                                       u_char *value);
+    void                           (*done)(ngx_http_idempotency_op_t *op,
+                                       redisReply *reply);
+    void                           (*failed)(void);
+    void                           (*unknown)(ngx_uint_t cause);
+} ngx_http_idempotency_store_events_t;
+
+
+extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
+
+
+/*
+ * The server compares and sets natively (SET ... IFEQ, its old value back
+ * with GET, matched or not): Valkey 8.1 and later.  Then finishes,
+ * renewals and take-overs need no script, and an ACL that forbids
+ * scripting takes no guarantee away.
+ */
+#define ngx_http_idempotency_native_cas(redis)                                \
+    ((redis)->valkey && (redis)->server_version >= 80100)
+
+
+/* claim.c: the claim, and the take-over of an unknown outcome */
+ngx_int_t ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t mode);
+ngx_int_t ngx_http_idempotency_claim_allowed(
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl);
+ngx_int_t ngx_http_idempotency_take_result(redisReply *reply);
+void ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
+    ngx_str_t *rkey, u_char *value, size_t len, u_char *expected);
+ngx_int_t ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim);
+ngx_int_t ngx_http_idempotency_touch_result(redisReply *reply,
+    u_char *claim);
+
+/* finish.c: a claim stored, made an unknown outcome, or released */
+void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f, ngx_log_t *log);
+
 /* retry.c: finishes sent again until acknowledged or their lease ends */
-extern void  (*ngx_http_idempotency_store_unknown)(ngx_uint_t cause);
 ngx_int_t ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
 void ngx_http_idempotency_retry_exit(void);
+ngx_int_t ngx_http_idempotency_retry_parse(u_char *p, u_char *last,
+    int *argc, const char **argv, size_t *argvlen);
 
 /* secret.c: keyed record names */
 char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -130,6 +178,8 @@ ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
 uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
 ngx_int_t ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl);
+ngx_int_t ngx_http_idempotency_lease_renewed(ngx_http_idempotency_op_t *op,
+    redisReply *reply, u_char *claim);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;

@@ -1,0 +1,288 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The commands that claim a key: the claim itself, and the take-over of a
+ * record whose outcome is unknown (or whose owner's lease ended).
+ */
+
+
+#include "ngx_http_idempotency_store.h"
+
+
+/*
+ * The claim rewritten as it is, TTL kept, if it is still ours: a write of
+ * this connection for the WAIT behind it to count.  1: written.
+ */
+
+static ngx_str_t  ngx_http_idempotency_touch_script = ngx_string(
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')\n"
+    "return 1\n"
+);
+
+
+/*
+ * The claim: nil when this request claimed the key, else the record there,
+ * untouched.  Redis >= 7.0 and Valkey: SET NX GET PX, one native command;
+ * 6.2 refuses NX with GET, and the claim script does the same, by SHA
+ * (mode EVALSHA), or by its text after a NOSCRIPT (mode EVAL).
+ */
+
+ngx_int_t
+ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t mode)
+{
+    int          argc;
+    u_char       px[NGX_INT_T_LEN];
+    size_t       argvlen[7];
+    const char  *argv[7];
+
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    switch (mode) {
+
+    case NGX_HTTP_IDEMPOTENCY_CLAIM_SET:
+        argv[0] = "SET";
+        argvlen[0] = 3;
+        argv[1] = (const char *) rkey->data;
+        argvlen[1] = rkey->len;
+        argv[2] = (const char *) claim;
+        argvlen[2] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+        argv[3] = "NX";
+        argvlen[3] = 2;
+        argv[4] = "GET";
+        argvlen[4] = 3;
+        argv[5] = "PX";
+        argvlen[5] = 2;
+        argv[6] = (const char *) px;
+        argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
+        argc = 7;
+        break;
+
+    case NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA:
+        argv[0] = "EVALSHA";
+        argvlen[0] = 7;
+        argv[1] = (const char *) ngx_http_idempotency_claim_sha;
+        argvlen[1] = 40;
+        goto script;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL */
+        argv[0] = "EVAL";
+        argvlen[0] = 4;
+        argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
+        argvlen[1] = ngx_http_idempotency_claim_script.len;
+
+    script:
+        argv[2] = "1";
+        argvlen[2] = 1;
+        argv[5] = (const char *) px;
+        argvlen[5] = ngx_http_idempotency_decimal(px, ttl) - px;
+        argc = 6;
+        break;
+    }
+
+    return ngx_http_idempotency_redis_command(op, argc, argv, argvlen);
+}
+
+
+/*
+ * A finish must compare the owner: by a native compare-and-set, or by the
+ * finish script.  Without both (scripting forbidden by an ACL on a server
+ * older than Valkey 8.1) a claim could be stored or released by nobody's
+ * check: NGX_DECLINED, said once at error.
+ */
+
+ngx_int_t
+ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
+{
+    if (!redis->script_refused || ngx_http_idempotency_native_cas(redis)) {
+        return NGX_OK;
+    }
+
+    if (!redis->cas_missing) {
+        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                      "idempotency: redis \"%V\" (%s%*s) forbids scripting "
+                      "and "
+                      "has no SET IFEQ (Valkey 8.1 or later): a record could "
+                      "not be stored or released only by its owner, so no "
+                      "key is claimed; allow EVAL and EVALSHA to the "
+                      "module's user, or move to Valkey 8.1",
+                      &redis->name,
+                      redis->server_len ? "" : "server not known",
+                      redis->server_len, redis->server);
+        redis->cas_missing = 1;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * take: only if the key still holds exactly the record this request read
+ * (an unknown outcome, or a lease past its deadline): SET IFEQ where the
+ * server has it, else the take script.  A renewal or a store in between
+ * makes it fail, and the request reads the key again.
+ */
+
+ngx_int_t
+ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl)
+{
+    u_char       px[NGX_INT_T_LEN];
+    size_t       argvlen[7];
+    const char  *argv[7];
+
+    if (ngx_http_idempotency_native_cas(op->redis)) {
+        ngx_http_idempotency_cas_args(argv, argvlen, rkey, value,
+                                      NGX_HTTP_IDEMPOTENCY_HEAD_LEN, seen);
+        argv[5] = "PX";
+        argvlen[5] = 2;
+        argv[6] = (const char *) px;
+        argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
+
+        return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+    }
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_take_script.data;
+    argvlen[1] = ngx_http_idempotency_take_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) seen;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[5] = (const char *) value;
+    argvlen[5] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[6] = (const char *) px;
+    argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
+
+    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+}
+
+
+/*
+ * A take's reply: NGX_OK taken (the script's 1, SET's OK), NGX_DECLINED
+ * the key holds something else now (0, nil), NGX_ERROR no reply or an
+ * error
+ */
+
+ngx_int_t
+ngx_http_idempotency_take_result(redisReply *reply)
+{
+    if (reply == NULL) {
+        return NGX_ERROR;
+    }
+
+    switch (reply->type) {
+
+    case REDIS_REPLY_INTEGER:
+        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
+
+    case REDIS_REPLY_STATUS:
+        return (reply->len == 2 && ngx_strncmp(reply->str, "OK", 2) == 0)
+               ? NGX_OK : NGX_ERROR;
+
+    case REDIS_REPLY_NIL:
+        return NGX_DECLINED;
+
+    default:
+        return NGX_ERROR;
+    }
+}
+
+
+/*
+ * A claim sent again that found itself: rewritten as it is, TTL kept, if
+ * it is still this owner's, so that the connection has written something
+ * for a WAIT behind it to count (Redis 7.2 and later answer a WAIT on a
+ * connection that wrote nothing at once).  SET IFEQ KEEPTTL GET where the
+ * server has it; else a script, by text: this follows only a claim sent
+ * again, rarely.
+ */
+
+ngx_int_t
+ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *claim)
+{
+    size_t       argvlen[7];
+    const char  *argv[7];
+
+    op->rkey_len = rkey->len;
+    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+
+    if (ngx_http_idempotency_native_cas(op->redis)) {
+        ngx_http_idempotency_cas_args(argv, argvlen, rkey, claim,
+                                      NGX_HTTP_IDEMPOTENCY_HEAD_LEN, claim);
+        argv[5] = "KEEPTTL";
+        argvlen[5] = 7;
+        argv[6] = "GET";
+        argvlen[6] = 3;
+
+        return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+    }
+
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = (const char *) ngx_http_idempotency_touch_script.data;
+    argvlen[1] = ngx_http_idempotency_touch_script.len;
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
+    argv[4] = (const char *) claim;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);
+}
+
+
+/* NGX_OK: rewritten (the script's 1, or the claim itself back from GET) */
+
+ngx_int_t
+ngx_http_idempotency_touch_result(redisReply *reply, u_char *claim)
+{
+    if (reply == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER) {
+        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
+    }
+
+    if (reply->type == REDIS_REPLY_STRING
+        && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+        && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0)
+    {
+        return NGX_OK;
+    }
+
+    return reply->type == REDIS_REPLY_ERROR ? NGX_ERROR : NGX_DECLINED;
+}
+
+
+/*
+ * The first five arguments of every native compare-and-set: SET <key>
+ * <value> IFEQ <the whole claim as last known>
+ */
+
+void
+ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
+    ngx_str_t *rkey, u_char *value, size_t len, u_char *expected)
+{
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = (const char *) rkey->data;
+    argvlen[1] = rkey->len;
+    argv[2] = (const char *) value;
+    argvlen[2] = len;
+    argv[3] = "IFEQ";
+    argvlen[3] = 4;
+    argv[4] = (const char *) expected;
+    argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+}

@@ -1,0 +1,655 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The finish of a claim: the final record stored, an unknown outcome
+ * written, or the claim released, each only while the key still holds the
+ * claim's owner.  The request does not wait for it.
+ */
+
+
+#include "ngx_http_idempotency_store.h"
+
+
+/*
+ * From this size a record is staged by a native SET and moved in place by
+ * the finish script, not copied through Lua (docs/performance.md)
+ */
+#ifndef NGX_HTTP_IDEMPOTENCY_STAGE_MIN
+#define NGX_HTTP_IDEMPOTENCY_STAGE_MIN  4096
+#endif
+
+/* the staged copy expires if its finish never comes: at least this */
+#define NGX_HTTP_IDEMPOTENCY_STAGE_TTL  60000
+
+/* SET key value IFEQ claim GET PX ttl */
+#define NGX_HTTP_IDEMPOTENCY_FINISH_ARGS  8
+
+/* compares made again on the owner's own claim under another word */
+#define NGX_HTTP_IDEMPOTENCY_CAS_TRIES    3
+
+
+static ngx_http_idempotency_op_t *ngx_http_idempotency_finish_op(
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_http_idempotency_reply_pt handler);
+static ngx_int_t ngx_http_idempotency_stage(
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_str_t *skey);
+static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_int_t ngx_http_idempotency_finish_native(
+    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f);
+static void ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_int_t ngx_http_idempotency_native_again(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_finish_own(
+    ngx_http_idempotency_op_t *op, u_char *old, size_t len);
+static void ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, ngx_uint_t store);
+static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_no_sent(ngx_http_idempotency_op_t *op,
+    u_char *value);
+static void ngx_http_idempotency_no_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static void ngx_http_idempotency_no_failed(void);
+static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
+
+
+/* nobody counts until metrics.c does */
+ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
+    ngx_http_idempotency_no_sent,
+    ngx_http_idempotency_no_done,
+    ngx_http_idempotency_no_failed,
+    ngx_http_idempotency_no_unknown
+};
+
+
+/*
+ * Stores the final record (or an unknown outcome), or releases the claim
+ * when f->value is NULL.  The script only acts if the key still holds our
+ * own claim.  Fire and forget: the request does not wait for the reply,
+ * and one that does not come sends it again (retry.c).  The script goes by
+ * EVALSHA (by EVAL after a NOSCRIPT, redis.c); a large record is staged
+ * first.
+ */
+
+void
+ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f, ngx_log_t *log)
+{
+    int                         n;
+    u_char                      ttl_buf[NGX_INT_T_LEN];
+    u_char                      stage[NGX_HTTP_IDEMPOTENCY_RKEY_MAX + 3
+                                      + 2 * NGX_HTTP_IDEMPOTENCY_TOKEN_LEN];
+    size_t                      len, argvlen[8];
+    ngx_str_t                   skey;
+    const char                 *argv[8];
+    ngx_http_idempotency_op_t  *op;
+
+    if (ngx_http_idempotency_native_cas(redis)) {
+        if (ngx_http_idempotency_finish_native(redis, f) == NGX_OK) {
+            return;
+        }
+
+        goto failed;
+    }
+
+    skey.len = 0;
+    skey.data = stage;
+    len = f->len;
+
+    if (f->value && len >= NGX_HTTP_IDEMPOTENCY_STAGE_MIN
+        && ngx_http_idempotency_stage(redis, f, &skey) != NGX_OK)
+    {
+        goto failed;
+    }
+
+    n = 0;
+    argv[n] = "EVALSHA";
+    argvlen[n++] = 7;
+    argv[n] = (const char *) ngx_http_idempotency_finish_sha;
+    argvlen[n++] = 40;
+    argv[n] = skey.len ? "2" : "1";
+    argvlen[n++] = 1;
+    argv[n] = (const char *) f->rkey.data;
+    argvlen[n++] = f->rkey.len;
+
+    if (skey.len) {
+        /* the record is there already: its head names it */
+        argv[n] = (const char *) skey.data;
+        argvlen[n++] = skey.len;
+        len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    }
+
+    argv[n] = (const char *) f->claim;
+    argvlen[n++] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+    argv[n] = f->value ? (const char *) f->value : "";
+    argvlen[n++] = f->value ? len : 0;
+    argv[n] = (const char *) ttl_buf;
+    argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, f->ttl) - ttl_buf;
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_finish_done);
+    if (op == NULL) {
+        goto failed;
+    }
+
+    if (ngx_http_idempotency_redis_command(op, n, argv, argvlen) == NGX_OK) {
+        return;
+    }
+
+    /* no connection now: kept, and sent when there is one */
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_finish_done);
+
+    if (op && ngx_http_idempotency_retry_command(op, n, argv, argvlen)
+              == NGX_OK)
+    {
+        return;
+    }
+
+failed:
+
+    ngx_http_idempotency_store_events.failed();
+
+    ngx_log_error(NGX_LOG_ERR, log, 0,
+                  "idempotency: cannot %s the record, redis unavailable; "
+                  "the key stays claimed and reads as outcome-unknown once "
+                  "its lease ends, %V",
+                  f->value ? "store" : "release",
+                  f->info ? f->info : &f->rkey);
+}
+
+
+/* an op that names its key and request for the log, sent again if lost */
+
+static ngx_http_idempotency_op_t *
+ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f, ngx_http_idempotency_reply_pt handler)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    op->handler = handler;
+    op->again = 1;
+    op->info_len = f->info ? f->info->len : 0;
+
+    if (f->info) {
+        ngx_memcpy(op->info, f->info->data, f->info->len);
+    }
+
+    op->rkey_len = f->rkey.len;
+    ngx_memcpy(op->rkey, f->rkey.data, f->rkey.len);
+    ngx_memcpy(op->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    op->lease_end = f->lease_end;
+    op->orphan = f->orphan;
+
+    if (handler == ngx_http_idempotency_finish_done) {
+        op->script = &ngx_http_idempotency_finish_script;
+    }
+
+    if (handler != ngx_http_idempotency_stage_done) {
+        op->store = f->value ? 1 : 0;
+        ngx_http_idempotency_store_events.sent(op, f->value);
+    }
+
+    return op;
+}
+
+
+/*
+ * SET <record key>:s:<token> <record> PX, pipelined right before the finish
+ * script on the same connection.  The key's {hash} tag puts it in the
+ * record's cluster slot; the token makes it this request's alone.  If the
+ * finish never runs, the copy expires.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f, ngx_str_t *skey)
+{
+    u_char                     *p, ttl[NGX_INT_T_LEN];
+    size_t                      argvlen[5];
+    const char                 *argv[5];
+    ngx_http_idempotency_op_t  *op;
+
+    p = ngx_cpymem(skey->data, f->rkey.data, f->rkey.len);
+    p = ngx_cpymem(p, ":s:", 3);
+    p = ngx_hex_dump(p, f->claim + NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+                        - NGX_HTTP_IDEMPOTENCY_TOKEN_LEN,
+                     NGX_HTTP_IDEMPOTENCY_TOKEN_LEN);
+    skey->len = p - skey->data;
+
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = (const char *) skey->data;
+    argvlen[1] = skey->len;
+    argv[2] = (const char *) f->value;
+    argvlen[2] = f->len;
+    argv[3] = "PX";
+    argvlen[3] = 2;
+    argv[4] = (const char *) ttl;
+    argvlen[4] = ngx_http_idempotency_decimal(ttl,
+                                      ngx_max(NGX_HTTP_IDEMPOTENCY_STAGE_TTL,
+                                              4 * redis->timeout))
+                 - ttl;
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_stage_done);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen) == NGX_OK) {
+        return NGX_OK;
+    }
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_stage_done);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_retry_command(op, 5, argv, argvlen);
+}
+
+
+static void
+ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_log_t   *log;
+    ngx_str_t    info;
+    redisReply   released;
+
+    if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
+        return;
+    }
+
+    log = op->redis->log;
+
+    info.data = op->info_len ? op->info : op->rkey;
+    info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    if (op->orphan && reply && reply->type == REDIS_REPLY_INTEGER) {
+
+        if (reply->integer == 0 && !op->rechecked) {
+            /*
+             * Not there: it never landed, or it still waits in Redis on
+             * the connection that broke, to be run after this release
+             * (both were pending when Redis stalled).  Once more, later.
+             */
+
+            op->rechecked = 1;
+            op->retry_backoff = 500;    /* a second later, quietly */
+
+            if (ngx_http_idempotency_finish_retry(op, NULL) == NGX_OK) {
+                return;
+            }
+        }
+
+        /* 0: the claim never landed, or a retry took it over since */
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "idempotency: a claim whose reply was lost was %s, %V",
+                      reply->integer ? "released" : "not there", &info);
+
+        if (reply->integer == 1) {
+            ngx_http_idempotency_store_events.done(op, reply);
+        }
+
+        return;
+    }
+
+    if (reply && !op->store && op->resent
+        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        /*
+         * a release sent again finds the key no longer ours: most likely
+         * the first attempt ran; either way the key is not this claim's
+         */
+
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "idempotency: a release sent again after a lost "
+                      "connection found the key released already, %V",
+                      &info);
+
+        ngx_memzero(&released, sizeof(redisReply));
+        released.type = REDIS_REPLY_INTEGER;
+        released.integer = 1;
+        reply = &released;
+    }
+
+    ngx_http_idempotency_store_events.done(op, reply);
+
+    if (reply == NULL) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" went away before the "
+                      "record was %s, %V", &op->redis->name,
+                      op->store ? "stored" : "released", &info);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" refused to %s the record: "
+                      "%*s, %V", &op->redis->name,
+                      op->store ? "store" : "release",
+                      (size_t) reply->len, reply->str, &info);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: claim was lost before the record was "
+                      "%s (taken over after its lease expired, or Redis "
+                      "lost the key), %V",
+                      op->store ? "stored" : "released", &info);
+    }
+}
+
+
+/* a refused SET: the finish that follows finds no staged record */
+
+static void
+ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_str_t  info;
+
+    if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
+        return;
+    }
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    info.data = op->info_len ? op->info : op->rkey;
+    info.len = op->info_len ? op->info_len : op->rkey_len;
+
+    ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
+                  "idempotency: redis \"%V\" refused to stage the record: "
+                  "%*s, %V", &op->redis->name, (size_t) reply->len,
+                  reply->str, &info);
+}
+
+
+/*
+ * The finish by a native compare-and-set: SET <key> <value> IFEQ <claim>
+ * GET PX <ttl>, then the key's wake-up.  A release sets the claim to
+ * itself for one millisecond: owner-checked, and gone at once.  The old
+ * value comes back whether or not it matched (Valkey), and the reply
+ * handler compares it: the claim itself means done, as does the head of
+ * this very record (sent again after a lost connection); the owner's
+ * claim with another lease word (a renewal this finish did not know of)
+ * or the owner's own unknown outcome is taken and the compare made again;
+ * anything else is no longer this owner's.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_finish_t *f)
+{
+    u_char                      px[NGX_INT_T_LEN];
+    size_t                      argvlen[8];
+    const char                 *argv[8];
+    ngx_http_idempotency_op_t  *op;
+
+    ngx_http_idempotency_cas_args(argv, argvlen, &f->rkey,
+                                  f->value ? f->value : f->claim,
+                                  f->value ? f->len
+                                           : NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
+                                  f->claim);
+    argv[5] = "GET";
+    argvlen[5] = 3;
+    argv[6] = "PX";
+    argvlen[6] = 2;
+    argv[7] = (const char *) px;
+    argvlen[7] = ngx_http_idempotency_decimal(px, f->value ? f->ttl : 1) - px;
+
+    op = ngx_http_idempotency_finish_op(redis, f,
+                                        ngx_http_idempotency_native_done);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_command(op, 8, argv, argvlen) != NGX_OK) {
+
+        /* no connection now: kept, and sent when there is one */
+
+        op = ngx_http_idempotency_finish_op(redis, f,
+                                            ngx_http_idempotency_native_done);
+
+        if (op == NULL
+            || ngx_http_idempotency_retry_command(op, 8, argv, argvlen)
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    u_char      *old;
+    redisReply   result;
+
+    if (reply == NULL
+        || (reply->type != REDIS_REPLY_STRING
+            && reply->type != REDIS_REPLY_NIL))
+    {
+        /* no reply or an error: sent again or said, as the script's */
+        ngx_http_idempotency_finish_done(op, reply);
+        return;
+    }
+
+    ngx_memzero(&result, sizeof(redisReply));
+    result.type = REDIS_REPLY_INTEGER;
+    result.integer = 0;
+
+    old = (u_char *) reply->str;
+
+    if (reply->type == REDIS_REPLY_STRING
+        && (size_t) reply->len >= NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+    {
+        if ((size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+            && ngx_memcmp(old, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0)
+        {
+            /* it was the claim: set */
+            result.integer = 1;
+
+        } else if (ngx_http_idempotency_native_again(op, reply) == NGX_OK) {
+            /* the owner's claim under another word: compared again */
+            return;
+
+        } else if (op->store && op->buf && op->buf_len > 0) {
+            /* this very record, stored by an attempt whose reply was lost */
+            result.integer = ngx_http_idempotency_finish_own(op, old,
+                                                             reply->len);
+        }
+    }
+
+    ngx_http_idempotency_finish_done(op, &result);
+}
+
+
+/*
+ * The owner's claim (its first 45 bytes: magic, state, fingerprint and
+ * owner), in the claim state, holding another lease word or the owner's
+ * own unknown outcome: the same finish again, compared with it, a few
+ * times at most.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    int                         argc;
+    size_t                      argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    const char                 *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    ngx_str_t                   rkey;
+    ngx_http_idempotency_op_t  *again;
+
+    if ((size_t) reply->len != NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+        || reply->str[4] != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
+        || ngx_memcmp(reply->str, op->claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
+           != 0
+        || op->cas >= NGX_HTTP_IDEMPOTENCY_CAS_TRIES
+        || op->buf == NULL
+        || ngx_http_idempotency_retry_parse(op->buf, op->buf + op->buf_len,
+                                            &argc, argv, argvlen)
+           != NGX_OK
+        || argc != NGX_HTTP_IDEMPOTENCY_FINISH_ARGS)
+    {
+        return NGX_DECLINED;
+    }
+
+    again = ngx_http_idempotency_op_alloc(op->redis);
+    if (again == NULL) {
+        return NGX_DECLINED;
+    }
+
+    again->handler = op->handler;
+    again->store = op->store;
+    again->orphan = op->orphan;
+    again->rechecked = op->rechecked;
+    again->cause = op->cause;
+    again->too_large = op->too_large;
+    again->zone = op->zone;
+    again->lease_end = op->lease_end;
+    again->retry_backoff = op->retry_backoff;
+    again->again = 1;
+    again->cas = op->cas + 1;
+    again->rkey_len = op->rkey_len;
+    ngx_memcpy(again->rkey, op->rkey, op->rkey_len);
+    ngx_memcpy(again->claim, reply->str, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    again->info_len = op->info_len;
+    ngx_memcpy(again->info, op->info, op->info_len);
+
+    /* compared with what is there; a release sets it to itself */
+
+    argv[4] = (const char *) again->claim;
+
+    if (!op->store) {
+        argv[2] = (const char *) again->claim;
+    }
+
+    if (ngx_http_idempotency_redis_command(again, argc, argv, argvlen)
+        != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    rkey.data = op->rkey;
+    rkey.len = op->rkey_len;
+
+    ngx_http_idempotency_publish(op->redis, &rkey, op->store);
+
+    return NGX_OK;
+}
+
+
+/* the value found starts with this finish's own record head */
+
+static ngx_uint_t
+ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old,
+    size_t len)
+{
+    int          argc;
+    size_t       argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    const char  *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+
+    if (ngx_http_idempotency_retry_parse(op->buf, op->buf + op->buf_len,
+                                         &argc, argv, argvlen)
+        != NGX_OK
+        || argc != NGX_HTTP_IDEMPOTENCY_FINISH_ARGS
+        || argvlen[2] < NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+    {
+        return 0;
+    }
+
+    return ngx_memcmp(old, argv[2], NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0;
+}
+
+
+/* waiting duplicates learn of it on the key's own channel (notify.c) */
+
+static void
+ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, ngx_uint_t store)
+{
+    size_t                      argvlen[3];
+    const char                 *argv[3];
+    ngx_http_idempotency_op_t  *op;
+
+    op = ngx_http_idempotency_op_alloc(redis);
+    if (op == NULL) {
+        return;
+    }
+
+    op->handler = ngx_http_idempotency_published;
+
+    /* the key routes it, in a cluster too */
+    op->rkey_len = rkey->len;
+    ngx_memcpy(op->rkey, rkey->data, rkey->len);
+
+    argv[0] = "SPUBLISH";
+    argvlen[0] = 8;
+    argv[1] = (const char *) rkey->data;
+    argvlen[1] = rkey->len;
+    argv[2] = store ? "s" : "r";
+    argvlen[2] = 1;
+
+    (void) ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
+}
+
+
+static void
+ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    /* a hint: a waiter that misses it polls */
+}
+
+
+static void
+ngx_http_idempotency_no_sent(ngx_http_idempotency_op_t *op, u_char *value)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_failed(void)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_unknown(ngx_uint_t cause)
+{
+}

@@ -1,0 +1,225 @@
+# Compare-and-set without Lua: on a server with SET ... IFEQ (Valkey 8.1
+# and later) every finish, renewal, release and take-over is a native
+# command, checked here by the server's own command statistics, and an ACL
+# user who may not run scripts keeps every guarantee.  A finish that finds
+# the owner's claim under another lease word compares again.  On other
+# servers the script path is the whole suite's, and t/015 checks that a
+# scripting-blocked server without IFEQ claims nothing.
+# Plain Test::More: its own nginx instances (an edge and an origin).
+use strict;
+use warnings;
+use lib 't/lib';
+use Test::More;
+use Fleet;
+use IO::Socket::INET;
+use Time::HiRes qw(sleep time);
+
+plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
+    unless have_module();
+
+my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
+my $info = join "\n", redis_cli('INFO', 'server');
+my ($maj, $min) = $info =~ /^valkey_version:(\d+)\.(\d+)/m;
+
+plan skip_all => 'the server has no SET IFEQ (Valkey 8.1 or later): '
+               . 'the script path is every other file\'s'
+    unless defined $maj && ($maj > 8 || ($maj == 8 && $min >= 1));
+
+my $slow = $ENV{TEST_ASAN} ? 3 : 1;
+my ($edge, $origin_port) = (20530, 20531);
+my $root = fleet_root('nativecas');
+
+redis_cli('ACL', 'SETUSER', 'idemnolua', 'reset', 'on', '>s3cret', '~*',
+          '+@all', '-@scripting');
+
+END { redis_cli('ACL', 'DELUSER', 'idemnolua') }
+
+my $origin = nginx_conf('origin', <<"EOC", 1);
+    log_format exec '\$http_idempotency_key \$uri \$http_idempotency_previous_outcome';
+    server {
+        listen 127.0.0.1:$origin_port;
+        access_log logs/exec.log exec;
+        location /quick { return 201 "charged\\n"; }
+        location /busy { return 503 "try later\\n"; }
+        location /slow {                   # three times the lock
+            echo_sleep @{[ 1.8 * $slow ]};
+            echo "charged slowly";
+        }
+        location /late {                   # answers after the read timeout
+            echo_sleep @{[ 1.0 * $slow ]};
+            echo "charged";
+        }
+        location /reconcile {              # answers a retry it recognises
+            if (\$http_idempotency_previous_outcome = unknown) {
+                return 200 "reconciled\\n";
+            }
+            echo_sleep @{[ 1.0 * $slow ]};
+            echo "charged";
+        }
+    }
+EOC
+nginx_start($origin);
+
+my $dir = nginx_conf('edge', <<"EOC", 2);
+    idempotency_redis 127.0.0.1:$redis_port user=idemnolua password=s3cret;
+    server {
+        listen 127.0.0.1:$edge;
+        add_header X-Idem \$idempotency_status always;
+        idempotency_lock_ttl @{[ 600 * $slow ]}ms;
+        proxy_read_timeout @{[ 500 * $slow ]}ms;
+        location / {
+            idempotency on;
+            idempotency_redis_prefix "cas:";
+            proxy_pass http://127.0.0.1:$origin_port;
+        }
+        location /held/ {
+            idempotency on;
+            idempotency_redis_prefix "held:";
+            idempotency_lock_ttl 30s;
+            proxy_read_timeout 10s;
+            proxy_pass http://127.0.0.1:$origin_port/;
+        }
+        location /forward/ {
+            idempotency on;
+            idempotency_redis_prefix "fwd:";
+            idempotency_on_unknown forward;
+            proxy_pass http://127.0.0.1:$origin_port/;
+        }
+    }
+EOC
+nginx_start($dir);
+sleep 0.5 * $slow;
+
+sub runs {
+    my $key = shift;
+    sleep 0.2;
+    return scalar grep { /^\Q$key\E / } lines_of("$origin/logs/exec.log");
+}
+
+sub stats {
+    my %n;
+    for (split /\n/, join "\n", redis_cli('INFO', 'commandstats')) {
+        $n{$1} = $2 if /^cmdstat_(\w+(?:\|\w+)?):calls=(\d+)/;
+    }
+    return \%n;
+}
+
+sub raw_redis {    # a command with binary arguments, by RESP
+    my @args = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$redis_port")
+        or return;
+    print $s '*' . @args . "\r\n"
+        . join('', map { '$' . length($_) . "\r\n$_\r\n" } @args);
+    my $line = <$s>;
+    return $line;
+}
+
+redis_cli('CONFIG', 'RESETSTAT');
+
+# 1. stored and replayed, by a user who may not run scripts
+{
+    my $t = time;
+    my $a = http_post($edge, "cas-a-$t", 'amount=1', '/quick');
+    my $b = http_post($edge, "cas-a-$t", 'amount=1', '/quick');
+    my $c = http_post($edge, "cas-a-$t", 'amount=2', '/quick');
+    is(idem_status($a) . ', ' . idem_status($b) . ', ' . idem_status($c),
+       '201 new, 201 replay, 422 mismatch', 'new, replay, mismatch');
+    is($b->{body}, "charged\n", 'the replay is the response');
+    is(runs("cas-a-$t"), 1, 'the origin ran once');
+}
+
+# 2. not stored (503): released natively, and the retry runs again
+{
+    my $t = time;
+    my $a = http_post($edge, "cas-b-$t", 'x', '/busy');
+    my $b = http_post($edge, "cas-b-$t", 'x', '/busy');
+    is(idem_status($a) . ', ' . idem_status($b), '503 new, 503 new',
+       'a 503 is released: the retry runs');
+    is(runs("cas-b-$t"), 2, 'the origin ran twice, as asked');
+}
+
+# 3. longer than the lock: renewed natively, a duplicate meanwhile gets
+#    409, and the store lands on the renewed claim
+{
+    my $t = time;
+    my $pid = fork // die;
+    if (!$pid) {
+        my $r = http_post($edge, "cas-c-$t", 'x', '/slow', '', 10);
+        exit(idem_status($r) eq '200 new' ? 0 : 1);
+    }
+    sleep 1.0 * $slow;
+    my $dup = http_post($edge, "cas-c-$t", 'x', '/slow');
+    waitpid $pid, 0;
+    is($? >> 8, 0, 'the slow owner: 200 new');
+    is(idem_status($dup), '409 conflict',
+       'a duplicate past the first lock: the renewed claim holds');
+    my $r = http_post($edge, "cas-c-$t", 'x', '/slow');
+    is(idem_status($r), '200 replay', 'then the stored response');
+    is(runs("cas-c-$t"), 1, 'the origin ran once');
+}
+
+# 4. the claim under another lease word when the owner finishes (a
+#    renewal whose reply was lost that landed after all): the finish
+#    compares again with the owner's own claim, and stores
+{
+    my $t = time;
+    my $pid = fork // die;
+    if (!$pid) {
+        my $r = http_post($edge, "cas-d-$t", 'x', '/held/slow', '', 10);
+        exit(idem_status($r) eq '200 new' ? 0 : 1);
+    }
+    my @keys;
+    for (1 .. 20) {
+        @keys = grep { /\S/ } split /\n/, redis_cli('KEYS', 'held:*');
+        last if @keys;
+        sleep 0.05;
+    }
+    is(scalar @keys, 1, 'the claim is there');
+    # a later deadline, as a renewal would write it
+    my $set = raw_redis('SETRANGE', $keys[0] // 'none', 47,
+                        "\x00\xff\xff\xff\xff\x00");
+    like($set // '', qr/^:53/, 'its lease word rewritten');
+    waitpid $pid, 0;
+    is($? >> 8, 0, 'the owner: 200 new');
+    my $r = http_post($edge, "cas-d-$t", 'x', '/held/slow');
+    is(idem_status($r), '200 replay', 'its response was stored');
+    is(scalar(grep { /claim was lost/ } lines_of("$dir/logs/error.log")), 0,
+       'not taken for a lost claim');
+}
+
+# 5. the upstream answered too late: the unknown outcome is written
+#    natively; under forward a retry takes the key over natively, tells the
+#    origin, and its answer is stored
+{
+    my $t = time;
+    my $a = http_post($edge, "cas-e-$t", 'x', '/late');
+    sleep 1.0 * $slow;
+    my $b = http_post($edge, "cas-e-$t", 'x', '/late');
+    is(idem_status($a) . ', ' . idem_status($b), '504 new, 504 unknown',
+       'a timeout is an unknown outcome, kept');
+    my $f = http_post($edge, "cas-f-$t", 'x', '/forward/reconcile');
+    sleep 1.0 * $slow;
+    my $g = http_post($edge, "cas-f-$t", 'x', '/forward/reconcile');
+    my $h = http_post($edge, "cas-f-$t", 'x', '/forward/reconcile');
+    is(idem_status($f), '504 new', 'forward: the first times out');
+    is(idem_status($g), '200 new', 'forward: a retry takes the key over');
+    is($g->{body}, "reconciled\n", '...told of the unknown outcome');
+    is(idem_status($h), '200 replay', '...and its answer is stored');
+}
+
+# none of it ran a script: the module's user may not, and needs not
+{
+    my $n = stats();
+    is($n->{eval} // 0, 0, 'no EVAL');
+    is($n->{evalsha} // 0, 0, 'no EVALSHA');
+    ok(($n->{set} // 0) >= 10, "SET did it all ($n->{set} calls)");
+    is(scalar(grep { /forbids scripting|refused to (store|release)/ }
+              lines_of("$dir/logs/error.log")), 0,
+       'nothing refused, nothing missing');
+    is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');
+}
+
+nginx_stop($dir);
+nginx_stop($origin);
+
+done_testing();
