@@ -8,9 +8,10 @@
 #define _NGX_HTTP_IDEMPOTENCY_STORE_H_INCLUDED_
 
 
-#include <openssl/evp.h>
-
 #include "ngx_http_idempotency_redis.h"
+
+/* after nginx's headers: they define _GNU_SOURCE for the system's */
+#include <openssl/evp.h>
 
 
 #define NGX_HTTP_IDEMPOTENCY_MAGIC          "IDM1"
