@@ -16,11 +16,13 @@
 #    machine's npm, whose configuration reaches the registry.  The root
 #    is kept in TRIXIE_ROOT with a stamp naming its package list, and built
 #    anew (into ROOT.new, renamed when complete) when that list changes.
-# 2. Each run: the checkout (tracked and untracked non-ignored files, as
-#    the work tree has them) is copied to /build/repo in the root, and
-#    `make test` runs there inside private network, PID and mount
-#    namespaces (unshare): lo up, a fresh /proc, /dev, /dev/pts and /sys
-#    bound, a fresh tmpfs on /tmp and /dev/shm.  The suite's fixed ports
+# 2. Each run: a tmpfs overlay on the root (the kept root is never written
+#    by a run, although the package test installs and purges a package),
+#    the checkout (tracked and untracked non-ignored files, as the work
+#    tree has them) copied to /build/repo in it, and `make test` there,
+#    inside private network, PID and mount namespaces (unshare): lo up, a
+#    fresh /proc, /dev, /dev/pts and /sys bound, a fresh tmpfs on /tmp and
+#    /dev/shm.  The suite's fixed ports
 #    collide with nothing on the machine, and every process and mount of a
 #    run ends with its namespaces; the exit trap still unmounts whatever is
 #    left under the root and kills any process still chrooted there.
@@ -103,13 +105,15 @@ inside() {
             inside_setup "$@"
             ;;
         run)
-            # the cached root stays as it is: the run writes to a tmpfs
+            # the kept root stays as it is: the run writes to a tmpfs
             # overlay on it (the package test installs and purges a
             # package, the build writes to /build/repo)
             local run_dir=$root.run
             mount -t tmpfs -o mode=755,size=8g tmpfs "$run_dir"
             mkdir "$run_dir/upper" "$run_dir/work" "$run_dir/merged"
-            mount -t overlay overlay -o "lowerdir=$root,upperdir=$run_dir/upper,workdir=$run_dir/work" "$run_dir/merged"
+            mount -t overlay overlay -o "lowerdir=$root" \
+                -o "upperdir=$run_dir/upper,workdir=$run_dir/work" \
+                "$run_dir/merged"
             root=$run_dir/merged
             copy_checkout "$root/build/repo"
             mount_root
@@ -137,7 +141,8 @@ inside() {
     esac
 }
 
-# inside_setup PKGS...: deps.sh, Valkey, the npm library, in the root
+# inside_setup: the packages, in the root: extra_pkgs, util/deps.sh's,
+# Valkey's
 inside_setup() {
     local policy=$root/usr/sbin/policy-rc.d
     printf '#!/bin/sh\nexit 101\n' > "$policy"
