@@ -437,7 +437,7 @@ for server in $servers; do
               "$out/tap-$server/t/016-package.t" 2>/dev/null || true)
     [ -z "$deb" ] || pkg="$pkg (${deb#ok * - })"
     [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] ||
-        res="TIMEOUT after ${run_timeout} s ($res)"
+        res="TIMEOUT after ${run_timeout} s${res:+ ($res)}"
     # the whole suite includes make deb and the package test: t/016
     # skipped or missing is a failure of the run, not a pass
     if [ -z "${TEST_FILES:-}" ] && [ "$rc" -eq 0 ] &&
