@@ -31,6 +31,10 @@
 #   make test-valkey  the whole suite, topologies included, on Valkey
 #                   instead of Redis (util/valkey.sh installs it; on
 #                   Debian 12 from bookworm-backports)
+#   make test-trixie  the whole suite on Debian 13 (trixie) in a cached
+#                   debootstrap root, once with its redis-server and once
+#                   with its valkey-server, each in private network, PID
+#                   and mount namespaces (util/trixie.sh; root, ~25 min)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -128,6 +132,13 @@ test-valkey: deps
 	$(MAKE) module
 	REDIS_SERVER=valkey-server REDIS_SENTINEL=valkey-sentinel \
 	    REDIS_CLI=valkey-cli ./util/test.sh "$(MODULE)"
+
+# Debian 13 in a debootstrap root from this machine's own apt sources,
+# kept in TRIXIE_ROOT; logs in build/trixie (util/trixie.sh's header)
+.PHONY: test-trixie
+
+test-trixie:
+	./util/trixie.sh
 
 fuzz: deps
 	$(MAKE) module

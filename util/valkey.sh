@@ -9,19 +9,12 @@ set -euo pipefail
 
 pkgs=(valkey-server valkey-sentinel valkey-tools)
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=util/apt-sources.sh
+. "$here/apt-sources.sh"
 
 # shellcheck source=/dev/null
 . /etc/os-release
 codename=${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}
-
-# the sources that apt reads, comments and disabled files aside
-sources() {
-    local f
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-             /etc/apt/sources.list.d/*.sources; do
-        [ -f "$f" ] && echo "$f"
-    done
-}
 
 has_suite() { # has_suite SUITE: some enabled source already lists it
     local f
@@ -29,7 +22,7 @@ has_suite() { # has_suite SUITE: some enabled source already lists it
         if grep -v '^[[:space:]]*#' "$f" | grep -qw -- "$1"; then
             return 0
         fi
-    done < <(sources)
+    done < <(apt_source_files)
     return 1
 }
 
@@ -61,13 +54,9 @@ backports_of() {
                 }' "$1"
             ;;
         *)
-            awk -v want="$codename" '
+            awk -v want="$codename" "$apt_oneline_awk"'
                 $1 == "deb" {
-                    i = 2
-                    if ($i ~ /^\[/) {
-                        while (i < NF && $i !~ /\]$/) i++
-                        i++
-                    }
+                    i = uri_field()
                     if ($(i + 1) != want) next
                     line = $1
                     for (j = 2; j <= i; j++) line = line " " $j
@@ -95,7 +84,7 @@ if [ "$codename" = bookworm ] && ! has_suite "$codename-backports" &&
             ext=${f##*.}
             break
         fi
-    done < <(sources)
+    done < <(apt_source_files)
 
     if [ -z "$entries" ]; then
         echo "no apt source for $codename to take $codename-backports" \

@@ -1,0 +1,473 @@
+#!/usr/bin/env bash
+# util/trixie.sh: the whole suite (`make test`) on Debian 13 "trixie", in a
+# debootstrap root kept between runs, once per server: trixie's own
+# redis-server and its valkey-server.  `make test-trixie` runs it, as root;
+# .ci/run runs it after `make test` on the CI's Debian 12.
+#
+# 1. The root: debootstrap --variant=minbase trixie ROOT MIRROR, MIRROR
+#    being the URI of this machine's own apt entry for its own release
+#    (deb822 URIs: or one-line entries); trixie-updates from the same
+#    archive and trixie-security from the URI of the machine's own
+#    -security entry (no such entry: no trixie-security).  No archive is
+#    named here.  Then a standard Debian /etc/hosts, util/deps.sh in the
+#    root, valkey-server and valkey-tools (and valkey-sentinel where it is a
+#    package of its own), with a policy-rc.d that starts no service; and
+#    the npm library t/047 installs (the runs have no network), by this
+#    machine's npm, whose configuration reaches the registry.  The root
+#    is kept in TRIXIE_ROOT with a stamp naming its package list, and built
+#    anew (into ROOT.new, renamed when complete) when that list changes.
+# 2. Each run: a tmpfs overlay on the root (the kept root is never written
+#    by a run, although the package test installs and purges a package),
+#    the checkout (tracked and untracked non-ignored files, as the work
+#    tree has them) copied to /build/repo in it, and `make test` there,
+#    inside private network, PID and mount namespaces (unshare): lo up, a
+#    fresh /proc, /dev, /dev/pts and /sys bound, a fresh tmpfs on /tmp and
+#    /dev/shm.  The suite's fixed ports
+#    collide with nothing on the machine, and every process and mount of a
+#    run ends with its namespaces; the exit trap still unmounts whatever is
+#    left under the root and kills any process still chrooted there.
+#    `timeout` bounds each run (TRIXIE_TIMEOUT) and the setup.
+# 3. A summary: per server, prove's Files=/Tests= line and its result, and
+#    t/016's (make deb and the package test); the tail of a failing run's
+#    log; the exit status is non-zero when any run failed.
+#
+# Knobs (environment):
+#   TRIXIE_ROOT      the root (/var/cache/ngx-idempotency/trixie-root)
+#   TRIXIE_SERVERS   the runs, in order ("redis valkey")
+#   TRIXIE_OUT       where the logs go (build/trixie): setup.log,
+#                    test-redis.log, test-valkey.log, and tap-SERVER/, the
+#                    TAP of every test file
+#   TRIXIE_TIMEOUT   seconds a run may take before it is killed (1200)
+#   TRIXIE_REBUILD=1 build the root anew even when its stamp matches
+#   TEST_FILES       passed to util/test.sh in the root (default: all)
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=util/apt-sources.sh
+. "$top/util/apt-sources.sh"
+self=$top/util/trixie.sh
+me=${0##*/}
+
+root=${TRIXIE_ROOT:-/var/cache/ngx-idempotency/trixie-root}
+servers=${TRIXIE_SERVERS:-redis valkey}
+out=${TRIXIE_OUT:-$top/build/trixie}
+run_timeout=${TRIXIE_TIMEOUT:-1200}
+setup_timeout=1200
+release=trixie
+stamp_file=.ngx-idempotency-stamp
+valkey_pkgs=(valkey-server valkey-tools)
+# what the suite calls that no package of deps.sh names: pgrep and ps
+# (t/020, t/021, t/030, t/044, util/deb-test.sh); and `ip`, which brings
+# lo up in a run's network namespace
+extra_pkgs=(procps iproute2)
+
+die() {
+    echo "$me: $*" >&2
+    exit 1
+}
+
+now() { date +%s; }
+
+# ------------------------------------------------ inside the namespaces
+# `util/trixie.sh __inside setup|run ARGS...` is what unshare runs: PID 1
+# of the new PID namespace, in its own mount namespace, so the mounts made
+# here vanish with it whatever happens.
+
+# mount_root: what a chroot needs, in this (private) mount namespace
+mount_root() {
+    mount -t proc proc "$root/proc"
+    mount --bind /dev "$root/dev"
+    mount --bind /dev/pts "$root/dev/pts"
+    mount --bind /sys "$root/sys"
+    mount -t tmpfs -o mode=1777,size=4g tmpfs "$root/tmp"
+    mount -t tmpfs -o mode=1777,size=1g tmpfs "$root/dev/shm"
+    cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+}
+
+# in_root CMD...: CMD in the root with a clean environment
+in_root() {
+    chroot "$root" /usr/bin/env -i \
+        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        HOME=/root LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive \
+        ${CI:+CI=$CI} "$@"
+}
+
+inside() {
+    inside_what=$1
+    shift
+    trap 'umount -R "$root/proc" "$root/dev/shm" "$root/dev/pts" \
+              "$root/dev" "$root/sys" "$root/tmp" 2>/dev/null || true
+          [ "$inside_what" != run ] || umount -R "$root" "${root%/merged}" \
+              2>/dev/null || true' EXIT
+    case $inside_what in
+        setup)
+            mount_root
+            inside_setup "$@"
+            ;;
+        run)
+            # the kept root stays as it is: the run writes to a tmpfs
+            # overlay on it (the package test installs and purges a
+            # package, the build writes to /build/repo)
+            local run_dir=$root.run
+            mount -t tmpfs -o mode=755,size=8g tmpfs "$run_dir"
+            mkdir "$run_dir/upper" "$run_dir/work" "$run_dir/merged"
+            mount -t overlay overlay -o "lowerdir=$root" \
+                -o "upperdir=$run_dir/upper,workdir=$run_dir/work" \
+                "$run_dir/merged"
+            root=$run_dir/merged
+            copy_checkout "$root/build/repo"
+            mount_root
+            # the new network namespace has only lo, down until now
+            in_root ip link set lo up
+            local server=$1
+            local envs=()
+            case $server in
+                redis) ;;
+                valkey)
+                    envs=(REDIS_SERVER=valkey-server REDIS_CLI=valkey-cli
+                          "REDIS_SENTINEL=$(in_root sh -c \
+                              'command -v valkey-sentinel || echo valkey-server')")
+                    ;;
+            esac
+            [ -z "${TEST_FILES:-}" ] || envs+=("TEST_FILES=$TEST_FILES")
+            local rc=0
+            in_root "${envs[@]}" PERL_TEST_HARNESS_DUMP_TAP=/tmp/tap \
+                timeout -k 30 "$run_timeout" make -C /build/repo test || rc=$?
+            # every file's TAP (prove's dump), for what the summary checks
+            rm -rf "$out/tap-$server"
+            [ ! -d "$root/tmp/tap" ] || cp -r "$root/tmp/tap" "$out/tap-$server"
+            return $rc
+            ;;
+    esac
+}
+
+# inside_setup: the packages, in the root: extra_pkgs, util/deps.sh's,
+# Valkey's
+inside_setup() {
+    local policy=$root/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$policy"
+    chmod +x "$policy"
+    in_root apt-get update -qq
+    in_root apt-get install -y -qq --no-install-recommends \
+        "${extra_pkgs[@]}" >/dev/null
+    in_root /build/repo/util/deps.sh
+    local v=("${valkey_pkgs[@]}")
+    if [ -n "$(in_root apt-cache show --no-all-versions valkey-sentinel \
+                   2>/dev/null)" ]; then
+        v+=(valkey-sentinel)
+    fi
+    in_root /build/repo/util/deps.sh "${v[@]}"
+    # deps.sh removes policy-rc.d on exit: put it back for what follows
+    printf '#!/bin/sh\nexit 101\n' > "$policy"
+    chmod +x "$policy"
+    echo "in the root: $(in_root dpkg-query -W -f '${Package} ${Version}\n' \
+        redis-server valkey-server nginx libhiredis-dev openssl gcc-14 \
+        2>/dev/null | tr '\n' ';')"
+}
+
+# the npm library t/047 installs when it is missing (the version it names)
+stripe_version() {
+    sed -n "s/^my \$version = '\([^']*\)';.*/\1/p" "$top"/t/047-*.t \
+        2>/dev/null | head -1
+}
+
+# copy_checkout DIR: the work tree's tracked and untracked non-ignored
+# files (deleted ones aside) into DIR, afresh
+copy_checkout() {
+    rm -rf --one-file-system "$1"
+    mkdir -p "$1"
+    git -C "$top" ls-files -z -co --exclude-standard |
+        (cd "$top" && while IFS= read -r -d '' f; do
+             if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi
+         done) |
+        tar -C "$top" --null -T - -cf - | tar -C "$1" -xf -
+}
+
+if [ "${1:-}" = __inside ]; then
+    shift
+    inside "$@"
+    exit $?
+fi
+
+# ------------------------------------------------------------- the host
+
+[ "$(id -u)" -eq 0 ] || die "run as root (debootstrap, chroot, unshare)"
+
+# apt_uri SUITE: the URI of this machine's first enabled deb entry that
+# lists SUITE
+apt_uri() {
+    local f
+    apt_source_files | while read -r f; do
+        case $f in
+            *.sources)
+                awk -v want="$1" '
+                    BEGIN { RS = ""; FS = "\n" }
+                    {
+                        deb = 0; ok = 0; off = 0; uri = ""
+                        for (i = 1; i <= NF; i++) {
+                            if ($i ~ /^[ \t]*#/ || $i !~ /:/) continue
+                            key = tolower(substr($i, 1, index($i, ":") - 1))
+                            val = " " substr($i, index($i, ":") + 1) " "
+                            gsub(/[ \t]+/, " ", val)
+                            if (key == "types" && val ~ / deb /) deb = 1
+                            if (key == "enabled" && tolower(val) ~ / no /)
+                                off = 1
+                            if (key == "suites" && index(val, " " want " "))
+                                ok = 1
+                            if (key == "uris") {
+                                split(val, u, " ")
+                                uri = u[1]
+                            }
+                        }
+                        if (deb && ok && !off && uri != "") {
+                            print uri
+                            exit
+                        }
+                    }' "$f"
+                ;;
+            *)
+                awk -v want="$1" "$apt_oneline_awk"'
+                    $1 == "deb" {
+                        i = uri_field()
+                        if ($(i + 1) == want) { print $i; exit }
+                    }' "$f"
+                ;;
+        esac
+    done | head -1
+}
+
+# the package list the root is built for: the stamp's content
+package_list() {
+    echo "debootstrap --variant=minbase $release"
+    # deps.sh's pkgs=( ... ) array, comments aside
+    sed -n '/^pkgs=(/,/)/p' "$top/util/deps.sh" |
+        sed 's/#.*//; s/pkgs=(//; s/"\$@")//; s/)//' | tr -s ' \t' '\n' |
+        grep -v '^$'
+    printf '%s\n' "${valkey_pkgs[@]}" "${extra_pkgs[@]}"
+    echo "npm stripe@$(stripe_version)"
+}
+
+# mounts_under DIR: mount points at or under DIR, deepest first
+mounts_under() {
+    awk -v d="$1" '$5 == d || index($5, d "/") == 1 { print $5 }' \
+        /proc/self/mountinfo | sort -r
+}
+
+# procs_in DIR: processes whose root is DIR
+procs_in() {
+    local p r
+    for p in /proc/[0-9]*; do
+        r=$(readlink "$p/root" 2>/dev/null) || continue
+        [ "$r" = "$1" ] && echo "${p#/proc/}"
+    done
+    return 0
+}
+
+# the exit trap: nothing of ours stays mounted or running under the roots
+cleanup() {
+    local d m p
+    # a namespace still running (a signal, a failure here): its unshare
+    # killed, the kernel kills its PID 1 (--kill-child) and all in it
+    if [ -n "$ns_pid" ]; then
+        for p in $(pgrep -P "$ns_pid"); do
+            kill -9 "$p" 2>/dev/null || true
+        done
+        kill -9 "$ns_pid" 2>/dev/null || true
+        wait "$ns_pid" 2>/dev/null || true
+    fi
+    for d in "$root" "$root.new" "$root.run"; do
+        for p in $(procs_in "$d") $(procs_in "$d/merged"); do
+            echo "$me: killing $p, left running in $d" >&2
+            kill -9 "$p" 2>/dev/null || true
+        done
+        for m in $(mounts_under "$d"); do
+            echo "$me: unmounting $m" >&2
+            umount -l "$m" 2>/dev/null || true
+        done
+    done
+}
+ns_pid=
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ns DIR [--net] ARGS...: this script's __inside ARGS on the root DIR, in
+# new PID and mount namespaces (and a network one with --net), bounded by
+# timeout; the namespaces' PID 1 is killed when unshare dies
+ns() {
+    local dir=$1 net=() limit=$setup_timeout
+    shift
+    if [ "$1" = --net ]; then
+        net=(--net)
+        limit=$((run_timeout + 120))   # the run's own timeout comes first
+        shift
+    fi
+    # in the background, so that a signal reaches the traps at once
+    TRIXIE_ROOT=$dir TRIXIE_TIMEOUT=$run_timeout \
+        timeout -s KILL "$limit" unshare "${net[@]}" --pid --fork \
+        --kill-child --mount --propagation private "$self" __inside "$@" &
+    ns_pid=$!
+    local rc=0
+    wait "$ns_pid" || rc=$?
+    ns_pid=
+    return $rc
+}
+
+need() { # need CMD PACKAGE: install PACKAGE when CMD is missing
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "installing $2 on this machine"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "$2" >/dev/null
+}
+
+mkdir -p "$out"
+setup_log=$out/setup.log
+: > "$setup_log"
+t_start=$(now)
+t_root=0
+t_deps=0
+
+stamp=$(package_list)
+if [ -z "${TRIXIE_REBUILD:-}" ] && [ -f "$root/$stamp_file" ] &&
+   [ "$(cat "$root/$stamp_file")" = "$stamp" ]; then
+    echo "== trixie root: $root (cached; its package list is unchanged)"
+else
+    need debootstrap debootstrap
+    host_release=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$host_release" ] || die "no VERSION_CODENAME in /etc/os-release"
+    mirror=$(apt_uri "$host_release")
+    [ -n "$mirror" ] || die "no apt source of this machine lists" \
+        "$host_release: nothing to take the mirror from"
+    security=$(apt_uri "$host_release-security")
+
+    new=$root.new
+    [ -z "$(mounts_under "$new")" ] || die "$new has mounts: refusing"
+    [ -z "$(mounts_under "$root")" ] || die "$root has mounts: refusing"
+    rm -rf --one-file-system "$new"
+    mkdir -p "$(dirname "$root")"
+    echo "== trixie root: debootstrap --variant=minbase $release into $new" \
+         "(setup log: $setup_log)"
+    t0=$(now)
+    if ! timeout -k 30 "$setup_timeout" unshare --pid --fork --kill-child \
+            --mount --propagation private \
+            debootstrap --variant=minbase "$release" "$new" "$mirror" \
+            >> "$setup_log" 2>&1; then
+        tail -n 30 "$setup_log"
+        die "debootstrap failed"
+    fi
+    t_root=$(($(now) - t0))
+
+    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+    signed=""
+    [ ! -f "$new$keyring" ] || signed="Signed-By: $keyring"
+    rm -f "$new/etc/apt/sources.list"
+    {
+        printf 'Types: deb\nURIs: %s\nSuites: %s %s-updates\n' \
+            "$mirror" "$release" "$release"
+        printf 'Components: main\n%s\n' "$signed"
+        if [ -n "$security" ]; then
+            printf '\nTypes: deb\nURIs: %s\nSuites: %s-security\n' \
+                "$security" "$release"
+            printf 'Components: main\n%s\n' "$signed"
+        fi
+    } > "$new/etc/apt/sources.list.d/debian.sources"
+    [ -n "$security" ] ||
+        echo "$me: no $host_release-security entry here: no $release-security"
+    cat > "$new/etc/hosts" <<'EOF'
+127.0.0.1	localhost
+::1		localhost ip6-localhost ip6-loopback
+ff02::1		ip6-allnodes
+ff02::2		ip6-allrouters
+EOF
+
+    echo "== trixie root: util/deps.sh, Valkey, npm stripe@$(stripe_version)"
+    t0=$(now)
+    copy_checkout "$new/build/repo"
+    if ! ns "$new" setup >> "$setup_log" 2>&1; then
+        tail -n 30 "$setup_log"
+        die "setting up the root failed"
+    fi
+    # t/047's library, by this machine's npm with its own configuration
+    # (registry, CA) into the directory t/047 reads in the root
+    stripe=$(stripe_version)
+    if [ -n "$stripe" ]; then
+        need npm npm
+        mkdir -p "$new/var/cache/ngx-idempotency-npm"
+        if ! (cd "$new/var/cache/ngx-idempotency-npm" &&
+              timeout 600 npm install --no-audit --no-fund --silent \
+                  "stripe@$stripe") >> "$setup_log" 2>&1; then
+            tail -n 30 "$setup_log"
+            die "npm install stripe@$stripe failed"
+        fi
+    fi
+    t_deps=$(($(now) - t0))
+    grep '^in the root:' "$setup_log" || true
+
+    rm -rf --one-file-system "$new/build"
+    printf '%s\n' "$stamp" > "$new/$stamp_file"
+    [ -z "$(mounts_under "$root")" ] || die "$root has mounts: refusing"
+    rm -rf --one-file-system "$root"
+    mv "$new" "$root"
+fi
+
+# ------------------------------------------------------------- the runs
+
+declare -A result summary took
+failed=0
+for server in $servers; do
+    case $server in
+        redis|valkey) ;;
+        *) die "TRIXIE_SERVERS: unknown server $server (redis, valkey)" ;;
+    esac
+    log=$out/test-$server.log
+    echo "== trixie, $server: make test (log: $log)"
+    mkdir -p "$root.run"
+    t0=$(now)
+    rc=0
+    ns "$root" --net run "$server" > "$log" 2>&1 || rc=$?
+    took[$server]=$(($(now) - t0))
+    left=$(procs_in "$root"; procs_in "$root.run/merged")
+    [ -z "$left" ] || { echo "$me: processes left in the root: $left" >&2; rc=1; }
+    files=$(grep -E '^Files=[0-9]+, Tests=[0-9]+' "$log" | tail -1 || true)
+    res=$(grep -E '^Result: ' "$log" | tail -1 || true)
+    pkg=$(grep -E '^t/016-package\.t' "$log" | tail -1 || true)
+    # its TAP tells the package test ran rather than skipped
+    deb=$(grep -hE '^ok [0-9]+ - deb-test ran its checks' \
+              "$out/tap-$server/t/016-package.t" 2>/dev/null || true)
+    [ -z "$deb" ] || pkg="$pkg (${deb#ok * - })"
+    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] ||
+        res="TIMEOUT after ${run_timeout} s${res:+ ($res)}"
+    # the whole suite includes make deb and the package test: t/016
+    # skipped or missing is a failure of the run, not a pass
+    if [ -z "${TEST_FILES:-}" ] && [ "$rc" -eq 0 ] &&
+       { ! [[ $pkg =~ \.\ ok ]] || [ -z "$deb" ]; }; then
+        echo "$me: t/016 (make deb, the package test) did not pass: $pkg"
+        rc=1
+    fi
+    if [ "$rc" -eq 0 ]; then
+        result[$server]=PASS
+    else
+        result[$server]="FAIL (exit $rc)"
+        failed=1
+        echo "---- the last 60 lines of $log"
+        tail -n 60 "$log"
+        echo "----"
+    fi
+    summary[$server]="${files:-no Files= line}; ${res:-no Result: line}; ${pkg:-t/016 did not run}"
+done
+
+echo
+echo "== make test-trixie: Debian 13 ($release) summary"
+[ "$t_root" -eq 0 ] || echo "   root: debootstrap ${t_root} s, deps ${t_deps} s"
+for server in $servers; do
+    [ -n "${result[$server]:-}" ] || continue
+    case $server in
+        redis) ver=$(chroot "$root" redis-server --version | awk '{print $3}') ;;
+        valkey) ver=$(chroot "$root" valkey-server --version | awk '{print $3}') ;;
+    esac
+    echo "   $server-server ${ver#v=}: ${result[$server]} in ${took[$server]} s"
+    echo "      ${summary[$server]}"
+done
+echo "   total: $(($(now) - t_start)) s"
+exit $failed
