@@ -33,7 +33,7 @@ redis_cli('ACL', 'SETUSER', 'idemnolua', 'reset', 'on', '>s3cret', '~*',
           '+@all', '-@scripting');
 
 my $parent = $$;
-END { redis_cli('ACL', 'DELUSER', 'idemnolua') if $$ == $parent }
+END { redis_cli('ACL', 'DELUSER', 'idemnolua') if ($parent // 0) == $$ }
 
 my $origin = nginx_conf('origin', <<"EOC", 1);
     log_format exec '\$http_idempotency_key \$uri \$http_idempotency_previous_outcome';
