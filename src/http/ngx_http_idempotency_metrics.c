@@ -358,7 +358,8 @@ ngx_http_idempotency_metrics_init(ngx_conf_t *cf)
 
     /* what the client and the store tell of, counted here */
 
-    ngx_http_idempotency_redis_events.up = ngx_http_idempotency_metrics_redis_up;
+    ngx_http_idempotency_redis_events.up =
+                                          ngx_http_idempotency_metrics_redis_up;
     ngx_http_idempotency_redis_events.down =
                                         ngx_http_idempotency_metrics_redis_down;
     ngx_http_idempotency_redis_events.master_add =

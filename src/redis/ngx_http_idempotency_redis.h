@@ -356,9 +356,11 @@ extern ngx_uint_t   ngx_http_idempotency_redis_nscripts;
 
 
 /* the topologies */
-extern ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology;
+extern ngx_http_idempotency_topology_t
+    ngx_http_idempotency_standalone_topology;
 extern ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology;
-extern ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinels_topology;
+extern ngx_http_idempotency_topology_t
+    ngx_http_idempotency_sentinels_topology;
 extern ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology;
 
 /* redis.c */
