@@ -1,7 +1,7 @@
 # Compare-and-set without Lua: on a server with SET ... IFEQ (Valkey 8.1
-# and later) every finish, renewal, release and take-over is a native
-# command, checked here by the server's own command statistics, and an ACL
-# user who may not run scripts keeps every guarantee.  A finish that finds
+# and later) an ACL user who may not run scripts keeps every guarantee:
+# every finish, renewal, release and take-over is a native command,
+# checked here by the server's own command statistics.  A finish that finds
 # the owner's claim under another lease word compares again.  On other
 # servers the script path is the whole suite's, and t/015 checks that a
 # scripting-blocked server without IFEQ claims nothing.

@@ -99,7 +99,7 @@ ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
 ngx_int_t
 ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
 {
-    if (!redis->script_refused || ngx_http_idempotency_native_cas(redis)) {
+    if (!redis->script_refused || ngx_http_idempotency_has_ifeq(redis)) {
         return NGX_OK;
     }
 

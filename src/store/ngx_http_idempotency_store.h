@@ -115,12 +115,17 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
 
 /*
  * The server compares and sets natively (SET ... IFEQ, its old value back
- * with GET, matched or not): Valkey 8.1 and later.  Then finishes,
- * renewals and take-overs need no script, and an ACL that forbids
- * scripting takes no guarantee away.
+ * with GET, matched or not): Valkey 8.1 and later.  Where scripting is
+ * forbidden (SCRIPT LOAD refused) finishes, renewals and take-overs go
+ * that way and need no script, so such an ACL takes no guarantee away.
+ * Where scripts run they stay: they release a key at once, where SET IFEQ
+ * can only let it expire a millisecond later.
  */
-#define ngx_http_idempotency_native_cas(redis)                                \
+#define ngx_http_idempotency_has_ifeq(redis)                                  \
     ((redis)->valkey && (redis)->server_version >= 80100)
+
+#define ngx_http_idempotency_native_cas(redis)                                \
+    ((redis)->script_refused && ngx_http_idempotency_has_ifeq(redis))
 
 
 /* claim.c: the claim, and the take-over of an unknown outcome */
