@@ -1273,6 +1273,9 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
         return NGX_ERROR;
     }
 
+    /* every op of the client can be the store's */
+    ngx_http_idempotency_op_size = sizeof(ngx_http_idempotency_key_op_t);
+
     if (ngx_http_idempotency_metrics_init(cf) != NGX_OK) {
         return NGX_ERROR;
     }

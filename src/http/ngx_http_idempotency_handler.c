@@ -31,16 +31,15 @@ static void ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
-static ngx_uint_t ngx_http_idempotency_own_claim(redisReply *reply,
-    u_char *claim);
-static ngx_http_idempotency_op_t *ngx_http_idempotency_claim_op(
+static ngx_http_idempotency_key_op_t *ngx_http_idempotency_claim_op(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx,
     ngx_http_idempotency_reply_pt handler);
 static ngx_int_t ngx_http_idempotency_take_over(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static void ngx_http_idempotency_take_lost(ngx_http_idempotency_op_t *op);
+static void ngx_http_idempotency_take_lost(
+    ngx_http_idempotency_key_op_t *kop);
 static void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
@@ -414,7 +413,7 @@ static ngx_int_t
 ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ngx_http_idempotency_claim_allowed(ctx->redis) != NGX_OK) {
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
@@ -423,29 +422,18 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         return ngx_http_idempotency_act(r, ctx);
     }
 
-    op = ngx_http_idempotency_claim_op(r, ctx,
-                                       ngx_http_idempotency_claim_done);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_claim_op(r, ctx,
+                                        ngx_http_idempotency_claim_done);
+    if (kop == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    op->resend = 1;
-    ngx_http_idempotency_metrics_claim_sent(op, ctx);
+    ngx_http_idempotency_metrics_claim_sent(kop, ctx);
     ctx->notify_epoch = ngx_http_idempotency_notify_epoch;
 
-    /*
-     * Redis >= 7.0: SET NX GET PX is the claim in one native command (nil:
-     * claimed; else the record, untouched).  6.2 refuses NX with GET; then
-     * the claim script does the same, by SHA, or by text after NOSCRIPT.
-     */
-
-    if (ctx->claim_mode < ctx->redis->claim_mode) {
-        ctx->claim_mode = ctx->redis->claim_mode;
-    }
-
-    if (ngx_http_idempotency_claim_command(op, &ctx->rkey, ctx->claim,
+    if (ngx_http_idempotency_claim_command(kop, &ctx->rkey, ctx->claim,
                                            ctx->conf->lock_ttl + ctx->conf->ttl,
-                                           ctx->claim_mode)
+                                           &ctx->claim_mode)
         != NGX_OK)
     {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -458,7 +446,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
         return ngx_http_idempotency_act(r, ctx);
     }
 
-    ctx->op = op;
+    ctx->op = kop;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     ngx_http_idempotency_wait_send(r, ctx);
@@ -474,13 +462,15 @@ static void
 ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_http_request_t          *r;
-    ngx_http_idempotency_ctx_t  *ctx;
+    ngx_http_request_t             *r;
+    ngx_http_idempotency_ctx_t     *ctx;
+    ngx_http_idempotency_key_op_t  *kop;
 
+    kop = ngx_http_idempotency_key_op(op);
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
 
-    ngx_http_idempotency_metrics_claim_done(op, reply);
+    ngx_http_idempotency_metrics_claim_done(kop, reply);
 
     if (r == NULL) {
         /*
@@ -489,12 +479,12 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
          * Unless the request passed upstream unprotected: then it may run.
          */
 
-        if (op->release_lost
+        if (kop->release_lost
             && (reply == NULL
                 || reply->type == REDIS_REPLY_NIL
-                || ngx_http_idempotency_own_claim(reply, op->claim)))
+                || ngx_http_idempotency_claim_own(reply, kop->claim)))
         {
-            ngx_http_idempotency_release_orphan(op);
+            ngx_http_idempotency_release_orphan(kop);
         }
 
         return;
@@ -509,7 +499,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
         && !ctx->conf->dry_run)
     {
         /* the claim may have landed before the connection broke */
-        ngx_http_idempotency_release_orphan(op);
+        ngx_http_idempotency_release_orphan(kop);
     }
 
     if (ngx_http_idempotency_wait_hold(r, ctx, reply) == NGX_AGAIN) {
@@ -543,63 +533,22 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     }
 
-    switch (reply->type) {
-
-    case REDIS_REPLY_NIL:
+    switch (ngx_http_idempotency_claim_result(ctx->redis, &ctx->claim_mode,
+                                              reply, ctx->claim,
+                                              r->connection->log))
+    {
+    case NGX_OK:
         return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
 
-    case REDIS_REPLY_STRING:
-        if (ngx_http_idempotency_own_claim(reply, ctx->claim)) {
-            /* a claim sent again after a broken connection: the first won */
-            return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
-        }
-
-        break;
-
-    case REDIS_REPLY_ERROR:
-        if (ctx->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
-            && ngx_strlcasestrn((u_char *) reply->str,
-                                (u_char *) reply->str + reply->len,
-                                (u_char *) "syntax", 6 - 1)
-               != NULL)
-        {
-            /*
-             * Redis 6.2: no NX with GET; the script from now on.  Claims
-             * already pipelined meet the same refusal: one notice is enough.
-             */
-
-            if (ctx->redis->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET) {
-                ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                              "idempotency: redis \"%V\" refuses SET NX GET, "
-                              "claiming with a script", &ctx->redis->name);
-                ctx->redis->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
-            }
-
-            ctx->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
-            ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        }
-
-        if (ctx->claim_mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA
-            && reply->len >= 8
-            && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
-        {
-            /* SCRIPT FLUSH or a failover: send the script itself */
-            ngx_http_idempotency_redis_load_script(ctx->redis);
-            ctx->claim_mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL;
-            ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: redis \"%V\" error: %*s",
-                      &ctx->redis->name, (size_t) reply->len, reply->str);
+    case NGX_AGAIN:
+        /* refused as sent: claimed again, the way the server takes */
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
 
+    case NGX_DECLINED:
+        break;
+
     default:
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: unexpected redis reply type %d",
-                      reply->type);
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     }
 
@@ -698,14 +647,14 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
  * the reply.  Redis keeps a dead owner's claim, read as unknown.
  */
 
-static ngx_http_idempotency_op_t *
+static ngx_http_idempotency_key_op_t *
 ngx_http_idempotency_claim_op(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_reply_pt handler)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
+    if (kop == NULL) {
         return NULL;
     }
 
@@ -715,33 +664,16 @@ ngx_http_idempotency_claim_op(ngx_http_request_t *r,
     /* until the owner renews it: what a release is sent again within */
     ctx->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
 
-    op->data = ctx;
-    op->handler = handler;
-    op->release_lost = 1;
-    op->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
-    op->ttl = ctx->conf->ttl;
-    op->forward = (ctx->conf->on_unknown
-                   == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-    ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    kop->op.data = ctx;
+    kop->op.handler = handler;
+    kop->release_lost = 1;
+    kop->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
+    kop->ttl = ctx->conf->ttl;
+    kop->forward = (ctx->conf->on_unknown
+                    == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
+    ngx_memcpy(kop->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
 
-    return op;
-}
-
-
-/*
- * this request's own lease, owner included: only this request wrote it (a
- * claim sent again after a broken connection carries the same bytes)
- */
-
-static ngx_uint_t
-ngx_http_idempotency_own_claim(redisReply *reply, u_char *claim)
-{
-    return reply->type == REDIS_REPLY_STRING
-           && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
-           && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2)
-              == 0;
+    return kop;
 }
 
 
@@ -752,20 +684,20 @@ ngx_http_idempotency_own_claim(redisReply *reply, u_char *claim)
  */
 
 void
-ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op)
+ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop)
 {
     ngx_http_idempotency_finish_t  f;
 
     ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
 
-    f.rkey.data = op->rkey;
-    f.rkey.len = op->rkey_len;
-    f.claim = op->claim;
-    f.lease_end = op->lease_end;
+    f.rkey.data = kop->op.rkey;
+    f.rkey.len = kop->op.rkey_len;
+    f.claim = kop->claim;
+    f.lease_end = kop->lease_end;
     f.orphan = 1;
 
-    ngx_http_idempotency_metrics_attribute(op->zone);
-    ngx_http_idempotency_finish_key(op->redis, &f, op->redis->log);
+    ngx_http_idempotency_metrics_attribute(kop->zone);
+    ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);
 }
 
 
@@ -780,7 +712,7 @@ static ngx_int_t
 ngx_http_idempotency_take_over(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ctx->takes++ >= 3) {
         /* raced three times: somebody else is at it */
@@ -789,15 +721,15 @@ ngx_http_idempotency_take_over(ngx_http_request_t *r,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
     }
 
-    op = ngx_http_idempotency_claim_op(r, ctx,
-                                       ngx_http_idempotency_take_done);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_claim_op(r, ctx,
+                                        ngx_http_idempotency_take_done);
+    if (kop == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    op->zone = ctx->conf->metrics_zone;
+    kop->zone = ctx->conf->metrics_zone;
 
-    if (ngx_http_idempotency_take_command(op, &ctx->rkey, ctx->seen,
+    if (ngx_http_idempotency_take_command(&kop->op, &ctx->rkey, ctx->seen,
                                           ctx->claim,
                                           ctx->conf->lock_ttl + ctx->conf->ttl)
         != NGX_OK)
@@ -807,7 +739,7 @@ ngx_http_idempotency_take_over(ngx_http_request_t *r,
         return ngx_http_idempotency_act(r, ctx);
     }
 
-    ctx->op = op;
+    ctx->op = kop;
     ctx->go = NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
@@ -821,17 +753,19 @@ static void
 ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_int_t                    took;
-    ngx_http_request_t          *r;
-    ngx_http_idempotency_ctx_t  *ctx;
+    ngx_int_t                       took;
+    ngx_http_request_t             *r;
+    ngx_http_idempotency_ctx_t     *ctx;
+    ngx_http_idempotency_key_op_t  *kop;
 
+    kop = ngx_http_idempotency_key_op(op);
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
     took = ngx_http_idempotency_take_result(reply);
 
     if (r == NULL) {
-        if (op->release_lost && (reply == NULL || took == NGX_OK)) {
-            ngx_http_idempotency_take_lost(op);
+        if (kop->release_lost && (reply == NULL || took == NGX_OK)) {
+            ngx_http_idempotency_take_lost(kop);
         }
 
         return;
@@ -865,7 +799,7 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
 
     } else {
         if (reply == NULL) {
-            ngx_http_idempotency_take_lost(op);
+            ngx_http_idempotency_take_lost(kop);
 
         } else {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -891,31 +825,31 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
  */
 
 static void
-ngx_http_idempotency_take_lost(ngx_http_idempotency_op_t *op)
+ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop)
 {
     ngx_http_idempotency_finish_t    f;
     u_char                           value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
-    if (!op->forward) {
-        ngx_http_idempotency_release_orphan(op);
+    if (!kop->forward) {
+        ngx_http_idempotency_release_orphan(kop);
         return;
     }
 
-    ngx_http_idempotency_lease_unknown(value, op->claim, NGX_HTTP_BAD_GATEWAY,
+    ngx_http_idempotency_lease_unknown(value, kop->claim, NGX_HTTP_BAD_GATEWAY,
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM);
 
     ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
 
-    f.rkey.data = op->rkey;
-    f.rkey.len = op->rkey_len;
-    f.claim = op->claim;
+    f.rkey.data = kop->op.rkey;
+    f.rkey.len = kop->op.rkey_len;
+    f.claim = kop->claim;
     f.value = value;
     f.len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    f.ttl = op->ttl;
-    f.lease_end = op->lease_end;
+    f.ttl = kop->ttl;
+    f.lease_end = kop->lease_end;
 
-    ngx_http_idempotency_metrics_attribute(op->zone);
-    ngx_http_idempotency_finish_key(op->redis, &f, op->redis->log);
+    ngx_http_idempotency_metrics_attribute(kop->zone);
+    ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);
 }
 
 
@@ -929,29 +863,28 @@ static void
 ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char                      value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-    ngx_http_idempotency_op_t  *op;
+    u_char                          value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ctx->conf->dry_run) {
         return;
     }
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
+    if (kop == NULL) {
         return;
     }
 
-    op->handler = ngx_http_idempotency_owner_lost_done;
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-    op->info_len = ngx_http_idempotency_request_info(ctx, op->info) - op->info;
+    kop->op.handler = ngx_http_idempotency_owner_lost_done;
+    kop->info_len = ngx_http_idempotency_request_info(ctx, kop->info)
+                    - kop->info;
 
     ngx_memcpy(value, ctx->seen, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     ngx_http_idempotency_lease_unknown(value, ctx->seen, NGX_HTTP_BAD_GATEWAY,
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
 
-    (void) ngx_http_idempotency_take_command(op, &ctx->rkey, ctx->seen, value,
-                                             ctx->conf->ttl);
+    (void) ngx_http_idempotency_take_command(&kop->op, &ctx->rkey, ctx->seen,
+                                             value, ctx->conf->ttl);
 }
 
 
@@ -959,15 +892,18 @@ static void
 ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_str_t  info;
+    ngx_str_t                       info;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ngx_http_idempotency_take_result(reply) != NGX_OK) {
         /* another request wrote it first, or it is read again next time */
         return;
     }
 
-    info.data = op->info;
-    info.len = op->info_len;
+    kop = ngx_http_idempotency_key_op(op);
+
+    info.data = kop->info;
+    info.len = kop->info_len;
 
     ngx_http_idempotency_metrics_unknown(
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
@@ -1206,7 +1142,7 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
         ctx->op->release_lost =
             ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
             && !ctx->conf->dry_run;
-        ctx->op->data = NULL;
+        ctx->op->op.data = NULL;
         ctx->op = NULL;
     }
 
@@ -1231,7 +1167,7 @@ static void
 ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
 {
     if (ctx->op) {
-        ctx->op->data = NULL;
+        ctx->op->op.data = NULL;
         ctx->op = NULL;
     }
 

@@ -158,12 +158,12 @@ struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t              *request;
     ngx_http_idempotency_loc_conf_t *conf;
     ngx_http_idempotency_redis_t    *redis;
-    ngx_http_idempotency_op_t       *op;
-    ngx_http_idempotency_op_t       *wait_op;    /* sent behind the claim */
+    ngx_http_idempotency_key_op_t   *op;
+    ngx_http_idempotency_key_op_t   *wait_op;    /* sent behind the claim */
 
     ngx_uint_t                       state;
     ngx_uint_t                       go;
-    ngx_uint_t                       claim_mode;
+    ngx_uint_t                       claim_mode; /* the store's, per claim */
     ngx_uint_t                       status;     /* $idempotency_status */
 
     EVP_MD_CTX                      *md;
@@ -253,7 +253,7 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 void ngx_http_idempotency_wake(ngx_http_request_t *r);
-void ngx_http_idempotency_release_orphan(ngx_http_idempotency_op_t *op);
+void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 
 /* reply.c */
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
@@ -336,16 +336,16 @@ char *ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_idempotency_metrics_init(ngx_conf_t *cf);
-void ngx_http_idempotency_metrics_claim_sent(ngx_http_idempotency_op_t *op,
-    ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_metrics_claim_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
+void ngx_http_idempotency_metrics_claim_sent(
+    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_metrics_claim_done(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
 void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
-void ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
-    u_char *value);
+void ngx_http_idempotency_metrics_store_sent(
+    ngx_http_idempotency_key_op_t *kop, u_char *value);
 void ngx_http_idempotency_metrics_store_failed(void);
-void ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
+void ngx_http_idempotency_metrics_store_done(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
 void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_fresh_key(void);
 void ngx_http_idempotency_metrics_redis_up(

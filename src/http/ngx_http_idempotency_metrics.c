@@ -958,17 +958,17 @@ ngx_http_idempotency_metrics_escape(u_char *p, u_char *end, ngx_str_t *value)
 /* the hooks the rest of the module calls */
 
 void
-ngx_http_idempotency_metrics_claim_sent(ngx_http_idempotency_op_t *op,
-    ngx_http_idempotency_ctx_t *ctx)
+ngx_http_idempotency_metrics_claim_sent(
+    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx)
 {
-    op->sent = ngx_http_idempotency_metrics_usec();
-    op->zone = ctx->conf->metrics_zone;
+    kop->sent = ngx_http_idempotency_metrics_usec();
+    kop->zone = ctx->conf->metrics_zone;
 }
 
 
 void
-ngx_http_idempotency_metrics_claim_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_metrics_claim_done(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply)
 {
     uint64_t                              usec;
     ngx_uint_t                            i;
@@ -980,7 +980,7 @@ ngx_http_idempotency_metrics_claim_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    usec = ngx_http_idempotency_metrics_usec() - op->sent;
+    usec = ngx_http_idempotency_metrics_usec() - kop->sent;
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_METRICS_BUCKETS; i++) {
         if (usec <= ngx_http_idempotency_metrics_bounds[i]) {
@@ -1002,15 +1002,15 @@ ngx_http_idempotency_metrics_attribute(ngx_uint_t zone)
 
 
 void
-ngx_http_idempotency_metrics_store_sent(ngx_http_idempotency_op_t *op,
-    u_char *value)
+ngx_http_idempotency_metrics_store_sent(
+    ngx_http_idempotency_key_op_t *kop, u_char *value)
 {
-    op->zone = ngx_http_idempotency_metrics_next_zone;
-    op->too_large = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
+    kop->zone = ngx_http_idempotency_metrics_next_zone;
+    kop->too_large = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
 
     /* an unknown outcome: a claim-shaped record, its cause in the token */
-    op->cause = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
-                ? value[NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2] : 0;
+    kop->cause = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
+                 ? value[NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2] : 0;
 }
 
 
@@ -1051,8 +1051,8 @@ ngx_http_idempotency_metrics_store_failed(void)
 /* the script answers 1 when it acted, 0 when the claim was not ours */
 
 void
-ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_metrics_store_done(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply)
 {
     ngx_uint_t                            result;
     ngx_http_idempotency_metrics_conf_t  *mcf;
@@ -1069,22 +1069,22 @@ ngx_http_idempotency_metrics_store_done(ngx_http_idempotency_op_t *op,
             (void) ngx_atomic_fetch_add(&mcf->sh->claims_lost, 1);
         }
 
-    } else if (op->cause) {
+    } else if (kop->cause) {
         /* not a store: what is known is that nothing is known */
-        ngx_http_idempotency_metrics_unknown(op->cause);
+        ngx_http_idempotency_metrics_unknown(kop->cause);
         return;
 
-    } else if (!op->store) {
+    } else if (!kop->store) {
         result = NGX_HTTP_IDEMPOTENCY_STORE_RELEASED;
 
-    } else if (op->too_large) {
+    } else if (kop->too_large) {
         result = NGX_HTTP_IDEMPOTENCY_STORE_TOO_LARGE;
 
     } else {
         result = NGX_HTTP_IDEMPOTENCY_STORE_STORED;
     }
 
-    ngx_http_idempotency_metrics_store(op->zone, result);
+    ngx_http_idempotency_metrics_store(kop->zone, result);
 }
 
 

@@ -59,7 +59,7 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
 {
     ngx_http_idempotency_ctx_t *ctx = ev->data;
 
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ctx->finished) {
         return;
@@ -72,14 +72,14 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
         return;
     }
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
+    if (kop == NULL) {
         return;
     }
 
-    op->data = ctx;
-    op->handler = ngx_http_idempotency_renew_done;
-    if (ngx_http_idempotency_lease_renew(op, &ctx->rkey, ctx->claim,
+    kop->op.data = ctx;
+    kop->op.handler = ngx_http_idempotency_renew_done;
+    if (ngx_http_idempotency_lease_renew(kop, &ctx->rkey, ctx->claim,
                                          ctx->conf->lock_ttl, ctx->conf->ttl)
         != NGX_OK)
     {
@@ -91,7 +91,7 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
         return;
     }
 
-    ctx->renew_op = op;
+    ctx->renew_op = &kop->op;
 }
 
 
@@ -111,10 +111,11 @@ ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
 
     ctx->renew_op = NULL;
 
-    rc = ngx_http_idempotency_lease_renewed(op, reply, ctx->claim);
+    rc = ngx_http_idempotency_lease_renewed(ngx_http_idempotency_key_op(op),
+                                            reply, ctx->claim);
 
     if (rc == NGX_OK) {
-        ctx->lease_end = op->lease_end;
+        ctx->lease_end = ngx_http_idempotency_key_op(op)->lease_end;
         return;
     }
 

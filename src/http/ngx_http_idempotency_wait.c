@@ -19,15 +19,16 @@
     ((conf)->redis_wait || (conf)->redis_wait_aof)
 
 
-static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_issue(
+static ngx_http_idempotency_key_op_t *ngx_http_idempotency_wait_issue(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, ngx_str_t *info);
 static ngx_int_t ngx_http_idempotency_wait_command(
-    ngx_http_idempotency_op_t *op, ngx_http_idempotency_loc_conf_t *conf);
-static ngx_int_t ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
-    redisReply *reply, ngx_log_t *log, ngx_str_t *info);
+    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_loc_conf_t *conf);
+static ngx_int_t ngx_http_idempotency_wait_acked(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply, ngx_log_t *log,
+    ngx_str_t *info);
 static void ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info, u_char *buf);
-static ngx_http_idempotency_op_t *ngx_http_idempotency_wait_touch(
+static ngx_http_idempotency_key_op_t *ngx_http_idempotency_wait_touch(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_wait_touch_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
@@ -186,7 +187,7 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 
 
 static ngx_int_t
-ngx_http_idempotency_wait_command(ngx_http_idempotency_op_t *op,
+ngx_http_idempotency_wait_command(ngx_http_idempotency_key_op_t *kop,
     ngx_http_idempotency_loc_conf_t *conf)
 {
     int          n;
@@ -194,13 +195,13 @@ ngx_http_idempotency_wait_command(ngx_http_idempotency_op_t *op,
     size_t       argvlen[4];
     const char  *argv[4];
 
-    op->replicas = conf->redis_wait;
-    op->aof = conf->redis_wait_aof;
-    op->won = 0;
+    kop->replicas = conf->redis_wait;
+    kop->aof = conf->redis_wait_aof;
+    kop->won = 0;
 
     n = 0;
 
-    if (op->aof) {
+    if (kop->aof) {
         /* numlocal 1: the primary's own fsync is always asked for */
         argv[n] = "WAITAOF";
         argvlen[n++] = 7;
@@ -218,7 +219,7 @@ ngx_http_idempotency_wait_command(ngx_http_idempotency_op_t *op,
     argvlen[n++] = ngx_sprintf(timeout, "%M", conf->redis_wait_timeout)
                    - timeout;
 
-    return ngx_http_idempotency_redis_command(op, n, argv, argvlen);
+    return ngx_http_idempotency_redis_command(&kop->op, n, argv, argvlen);
 }
 
 
@@ -251,46 +252,43 @@ ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
 
 /* r: WAIT for the claim of r; else for a store, logged with info */
 
-static ngx_http_idempotency_op_t *
+static ngx_http_idempotency_key_op_t *
 ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *info)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (!ngx_http_idempotency_wait_on(ctx->conf)) {
         return NULL;
     }
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
+    /* the key: a cluster sends WAIT to the node of the key */
+    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
+    if (kop == NULL) {
         return NULL;
     }
 
     if (r) {
-        op->data = ctx;
-        op->handler = ngx_http_idempotency_wait_claim_done;
-        op->zone = ctx->conf->metrics_zone;
-        op->info_len = 0;
-        ngx_memcpy(op->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        kop->op.data = ctx;
+        kop->op.handler = ngx_http_idempotency_wait_claim_done;
+        kop->zone = ctx->conf->metrics_zone;
+        kop->info_len = 0;
+        ngx_memcpy(kop->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
 
         /* its release, if the claim is lost with WAIT, is sent until then */
-        op->lease_end = ctx->lease_end;
+        kop->lease_end = ctx->lease_end;
 
     } else {
-        op->handler = ngx_http_idempotency_wait_store_done;
-        op->info_len = info->len;
-        ngx_memcpy(op->info, info->data, info->len);
+        kop->op.handler = ngx_http_idempotency_wait_store_done;
+        kop->info_len = info->len;
+        ngx_memcpy(kop->info, info->data, info->len);
     }
 
-    /* the key: a cluster sends WAIT to the node of the key */
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-
-    if (ngx_http_idempotency_wait_command(op, ctx->conf) != NGX_OK) {
+    if (ngx_http_idempotency_wait_command(kop, ctx->conf) != NGX_OK) {
         return NULL;
     }
 
-    return op;
+    return kop;
 }
 
 
@@ -303,9 +301,9 @@ ngx_int_t
 ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
-    ngx_str_t                   info;
-    ngx_http_idempotency_op_t  *op, *touch;
-    u_char                      buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+    ngx_str_t                       info;
+    ngx_http_idempotency_key_op_t  *kop, *touch;
+    u_char                          buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_OWNER
         || !ngx_http_idempotency_wait_on(ctx->conf))
@@ -342,11 +340,11 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
         ngx_http_idempotency_wait_send(r, ctx);
     }
 
-    op = ctx->wait_op;
+    kop = ctx->wait_op;
 
-    if (op == NULL) {
+    if (kop == NULL) {
         if (touch) {
-            touch->data = NULL;
+            touch->op.data = NULL;
         }
 
         ngx_http_idempotency_wait_info(ctx, &info, buf);
@@ -365,36 +363,36 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
      * rewrite, if any, answers first: wait_op until then
      */
 
-    op->won = 1;
+    kop->won = 1;
     ctx->wait_op = touch;
-    ctx->op = op;
+    ctx->op = kop;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     return NGX_AGAIN;
 }
 
 
-static ngx_http_idempotency_op_t *
+static ngx_http_idempotency_key_op_t *
 ngx_http_idempotency_wait_touch(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
+    if (kop == NULL) {
         return NULL;
     }
 
-    op->data = ctx;
-    op->handler = ngx_http_idempotency_wait_touch_done;
+    kop->op.data = ctx;
+    kop->op.handler = ngx_http_idempotency_wait_touch_done;
 
-    if (ngx_http_idempotency_touch_command(op, &ctx->rkey, ctx->claim)
+    if (ngx_http_idempotency_touch_command(&kop->op, &ctx->rkey, ctx->claim)
         != NGX_OK)
     {
         return NULL;
     }
 
-    return op;
+    return kop;
 }
 
 
@@ -458,7 +456,7 @@ ngx_http_idempotency_wait_fail(ngx_http_request_t *r,
 
     if (ctx->op) {
         /* the WAIT's reply finds no request, and no claim to release */
-        ctx->op->data = NULL;
+        ctx->op->op.data = NULL;
         ctx->op->won = 0;
         ctx->op = NULL;
     }
@@ -488,18 +486,19 @@ void
 ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
-    op = ctx->op;
+    kop = ctx->op;
 
-    if (op == NULL || op->handler != ngx_http_idempotency_wait_claim_done
-        || !op->won)
+    if (kop == NULL
+        || kop->op.handler != ngx_http_idempotency_wait_claim_done
+        || !kop->won)
     {
         return;
     }
 
-    op->data = NULL;
-    op->won = 0;
+    kop->op.data = NULL;
+    kop->won = 0;
     ctx->op = NULL;
 
     ngx_http_idempotency_release(r, ctx);
@@ -512,7 +511,7 @@ void
 ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx)
 {
     if (ctx->wait_op) {
-        ctx->wait_op->data = NULL;
+        ctx->wait_op->op.data = NULL;
         ctx->wait_op = NULL;
     }
 }
@@ -522,26 +521,28 @@ static void
 ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_str_t                    info;
-    ngx_http_request_t          *r;
-    ngx_http_idempotency_ctx_t  *ctx;
-    u_char                       buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+    ngx_str_t                       info;
+    ngx_http_request_t             *r;
+    ngx_http_idempotency_ctx_t     *ctx;
+    ngx_http_idempotency_key_op_t  *kop;
+    u_char                          buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
+    kop = ngx_http_idempotency_key_op(op);
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
 
     if (r == NULL) {
         /* a won claim whose request went away never ran: free the key */
 
-        if (op->won) {
-            ngx_http_idempotency_release_orphan(op);
+        if (kop->won) {
+            ngx_http_idempotency_release_orphan(kop);
         }
 
         return;
     }
 
 
-    if (!op->won) {
+    if (!kop->won) {
         /* the claim is not answered yet: this WAIT went with its connection */
         ctx->wait_op = NULL;
         return;
@@ -567,7 +568,7 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_release(r, ctx);
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
 
-    } else if (ngx_http_idempotency_wait_acked(op, reply, r->connection->log,
+    } else if (ngx_http_idempotency_wait_acked(kop, reply, r->connection->log,
                                                &info)
                != NGX_OK)
     {
@@ -598,39 +599,39 @@ ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
 /* NGX_OK: enough replicas acknowledged; else the reason is logged */
 
 static ngx_int_t
-ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
+ngx_http_idempotency_wait_acked(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply, ngx_log_t *log, ngx_str_t *info)
 {
     const char  *what, *cmd;
     redisReply  *local, *replicas;
 
-    what = op->won ? "claim, released" : "stored record";
-    cmd = op->aof ? "WAITAOF" : "WAIT";
+    what = kop->won ? "claim, released" : "stored record";
+    cmd = kop->aof ? "WAITAOF" : "WAIT";
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" went away before %s "
-                      "answered for the %s, %V", &op->redis->name, cmd, what,
-                      info);
+                      "answered for the %s, %V", &kop->op.redis->name, cmd,
+                      what, info);
         return NGX_ERROR;
     }
 
-    if (!op->aof && reply->type == REDIS_REPLY_INTEGER) {
+    if (!kop->aof && reply->type == REDIS_REPLY_INTEGER) {
 
-        if (reply->integer >= (long long) op->replicas) {
+        if (reply->integer >= (long long) kop->replicas) {
             return NGX_OK;
         }
 
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\": %L of %ui replicas "
-                      "acknowledged the %s, %V", &op->redis->name,
-                      (int64_t) reply->integer, op->replicas, what, info);
+                      "acknowledged the %s, %V", &kop->op.redis->name,
+                      (int64_t) reply->integer, kop->replicas, what, info);
         return NGX_ERROR;
     }
 
     /* WAITAOF: [fsynced on the primary (0 or 1), replicas that fsynced] */
 
-    if (op->aof && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2
+    if (kop->aof && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2
         && reply->element[0]->type == REDIS_REPLY_INTEGER
         && reply->element[1]->type == REDIS_REPLY_INTEGER)
     {
@@ -638,20 +639,21 @@ ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
         replicas = reply->element[1];
 
         if (local->integer >= 1
-            && replicas->integer >= (long long) op->replicas)
+            && replicas->integer >= (long long) kop->replicas)
         {
             return NGX_OK;
         }
 
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\": %L of 1 primary and %L "
-                      "of %ui replicas fsynced the %s, %V", &op->redis->name,
+                      "of %ui replicas fsynced the %s, %V",
+                      &kop->op.redis->name,
                       (int64_t) local->integer, (int64_t) replicas->integer,
-                      op->replicas, what, info);
+                      kop->replicas, what, info);
         return NGX_ERROR;
     }
 
-    if (reply->type == REDIS_REPLY_ERROR && op->aof
+    if (reply->type == REDIS_REPLY_ERROR && kop->aof
         && ngx_strlcasestrn((u_char *) reply->str,
                             (u_char *) reply->str + reply->len,
                             (u_char *) "unknown command",
@@ -664,14 +666,14 @@ ngx_http_idempotency_wait_acked(ngx_http_idempotency_op_t *op,
                       "idempotency: redis \"%V\" has no WAITAOF (Redis 7.2 "
                       "or later, or Valkey, is needed for "
                       "\"idempotency_redis_wait ... aof\"), for the %s, %V",
-                      &op->redis->name, what, info);
+                      &kop->op.redis->name, what, info);
         return NGX_ERROR;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" refused %s: %*s, "
-                      "for the %s, %V", &op->redis->name, cmd,
+                      "for the %s, %V", &kop->op.redis->name, cmd,
                       (size_t) reply->len, reply->str, what, info);
         return NGX_ERROR;
     }
@@ -688,10 +690,13 @@ static void
 ngx_http_idempotency_wait_store_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_str_t  info;
+    ngx_str_t                       info;
+    ngx_http_idempotency_key_op_t  *kop;
 
-    info.data = op->info;
-    info.len = op->info_len;
+    kop = ngx_http_idempotency_key_op(op);
 
-    (void) ngx_http_idempotency_wait_acked(op, reply, op->redis->log, &info);
+    info.data = kop->info;
+    info.len = kop->info_len;
+
+    (void) ngx_http_idempotency_wait_acked(kop, reply, op->redis->log, &info);
 }

@@ -54,6 +54,9 @@ static void ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up);
 
 static ngx_http_idempotency_op_t  *ngx_http_idempotency_free_ops;
 
+/* the layer above's ops begin with an op and may be larger: all are */
+size_t  ngx_http_idempotency_op_size = sizeof(ngx_http_idempotency_op_t);
+
 /* the scripts every connection loads ahead of its commands */
 ngx_str_t   *ngx_http_idempotency_redis_scripts;
 ngx_uint_t   ngx_http_idempotency_redis_nscripts;
@@ -740,7 +743,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
         ngx_http_idempotency_free_ops = op->next;
 
     } else {
-        op = ngx_alloc(sizeof(ngx_http_idempotency_op_t), redis->log);
+        op = ngx_alloc(ngx_http_idempotency_op_size, redis->log);
         if (op == NULL) {
             return NULL;
         }
@@ -752,7 +755,6 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->handler = NULL;
     op->node = NULL;
     op->rkey_len = 0;
-    op->store = 0;
     op->resend = 0;
     op->resent = 0;
     op->buf = NULL;
@@ -762,18 +764,6 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->asking = 0;
     op->again = 0;
     op->script = NULL;
-    op->cas = 0;
-    op->orphan = 0;
-    op->rechecked = 0;
-    op->release_lost = 0;
-    op->cause = 0;
-    op->lease_end = 0;
-    op->retry_backoff = 0;
-    op->ttl = 0;
-    op->forward = 0;
-    op->info_len = 0;
-    op->zone = 0;
-    op->too_large = 0;
 
     return op;
 }

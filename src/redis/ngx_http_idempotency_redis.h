@@ -16,41 +16,17 @@
 #include <hiredis/hiredis.h>
 
 
-#define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
-#define NGX_HTTP_IDEMPOTENCY_HEX_LEN        64      /* ...in hex */
-#define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
-#define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
-
 /* a claim kept to be sent again after a broken connection (SET or EVALSHA) */
 #define NGX_HTTP_IDEMPOTENCY_RESEND_MAX     384
+
+/* the longest key a command is routed by (a cluster's slot) */
+#define NGX_HTTP_IDEMPOTENCY_RKEY_MAX       256
 
 /* one read from Redis: a 256 KB reply takes 4 reads in one event */
 #define NGX_HTTP_IDEMPOTENCY_READ_SIZE      65536
 
 /* from this size a bulk string is read in place (input.c) */
 #define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
-
-/*
- * "key hash …, client: …, request: "…"" in the log lines of a store or
- * release: 95 fixed bytes and an address of at most NGX_SOCKADDR_STRLEN
- * (113) leave the request line at least 111
- */
-#define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
-
-/* prefix + "{" + 64 hex digits + "}" */
-#define NGX_HTTP_IDEMPOTENCY_RKEY_MAX                                         \
-    (NGX_HTTP_IDEMPOTENCY_PREFIX_MAX + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
-
-/* "IDM1" | state | fingerprint | token: the claim, and every record's head */
-#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
-    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + NGX_HTTP_IDEMPOTENCY_TOKEN_LEN)
-
-
-/* how the claim is sent; each step down is taken once, on a refusal */
-#define NGX_HTTP_IDEMPOTENCY_CLAIM_SET      0
-#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA  1
-#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL     2
-
 
 typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
 typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
@@ -238,7 +214,6 @@ struct ngx_http_idempotency_redis_s {
     ngx_http_idempotency_node_t     *node;       /* per worker */
     ngx_msec_t                       wait_timeout;   /* the longest WAIT */
     ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
-    ngx_uint_t                       claim_mode;
 
     /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
     ngx_array_t                     *seeds;
@@ -262,7 +237,11 @@ struct ngx_http_idempotency_redis_s {
     unsigned                         exiting:1;
     unsigned                         script_refused:1;
     unsigned                         valkey:1;
-    unsigned                         cas_missing:1;  /* store/: said so */
+
+    /* what the layer above learned of the server: it refused SET NX GET
+       (Redis 6.2); it has no compare-and-set and was told so */
+    unsigned                         nx_get_refused:1;
+    unsigned                         cas_missing:1;
 };
 
 
@@ -278,41 +257,17 @@ struct ngx_http_idempotency_op_s {
                                                     nobody waits */
     ngx_http_idempotency_reply_pt    handler;
     ngx_http_idempotency_node_t     *node;       /* sent on */
-    size_t                           rkey_len;
-    unsigned                         store:1;
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;
-    unsigned                         orphan:1;   /* a lost claim's release */
-    unsigned                         rechecked:1;    /* ...sent once more */
-    unsigned                         release_lost:1; /* claim: if lost */
-    unsigned                         cause:2;    /* finish: unknown, why */
-    unsigned                         cas:2;      /* finish: compared again */
 
-    /* retry.c: a finish is sent again until acknowledged or until then */
-    ngx_msec_t                       lease_end;
-    ngx_msec_t                       retry_backoff;
-
-    /* a take whose reply is lost: its unknown outcome's ttl (forward) */
-    ngx_msec_t                       ttl;
-    unsigned                         forward:1;
+    /* the key it is routed by (a cluster's slot): rkey_len 0, none */
+    size_t                           rkey_len;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
-    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-    size_t                           info_len;
-    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
-
-    /* metrics.c: when the claim was sent, where the store is counted */
-    uint64_t                         sent;
-    ngx_uint_t                       zone;
-    unsigned                         too_large:1;
 
     /* redis.c: the command as sent, when resend is set */
     size_t                           cmd_len;
     u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
 
-    /* wait.c: the acknowledgements asked for; set by wait.c alone */
-    ngx_uint_t                       replicas;
-    unsigned                         won:1;      /* the claim it follows */
-    unsigned                         aof:1;      /* WAITAOF */
     /* cluster.c: the command, owned by the op until its reply */
     u_char                          *buf;
     size_t                           buf_len;
@@ -349,6 +304,9 @@ typedef struct {
 
 
 extern ngx_http_idempotency_redis_events_t  ngx_http_idempotency_redis_events;
+
+/* set at configuration by the layer whose ops extend the client's */
+extern size_t  ngx_http_idempotency_op_size;
 
 /* the scripts every connection loads ahead of its commands (SCRIPT LOAD) */
 extern ngx_str_t   *ngx_http_idempotency_redis_scripts;

@@ -26,24 +26,34 @@ static ngx_str_t  ngx_http_idempotency_touch_script = ngx_string(
  * The claim: nil when this request claimed the key, else the record there,
  * untouched.  Redis >= 7.0 and Valkey: SET NX GET PX, one native command;
  * 6.2 refuses NX with GET, and the claim script does the same, by SHA
- * (mode EVALSHA), or by its text after a NOSCRIPT (mode EVAL).
+ * (mode EVALSHA), or by its text after a NOSCRIPT (mode EVAL).  *mode is
+ * the request's own (0 at first); claim_result() moves it on.
  */
 
 ngx_int_t
-ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t mode)
+ngx_http_idempotency_claim_command(ngx_http_idempotency_key_op_t *kop,
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t *mode)
 {
     int          argc;
     u_char       px[NGX_INT_T_LEN];
     size_t       argvlen[7];
     const char  *argv[7];
 
+    if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
+        && kop->op.redis->nx_get_refused)
+    {
+        *mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+    }
+
+    /* sent again as it is after a broken connection: claims are the same */
+    kop->op.resend = 1;
+
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
     argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
 
-    switch (mode) {
+    switch (*mode) {
 
     case NGX_HTTP_IDEMPOTENCY_CLAIM_SET:
         argv[0] = "SET";
@@ -85,7 +95,89 @@ ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
         break;
     }
 
-    return ngx_http_idempotency_redis_command(op, argc, argv, argvlen);
+    return ngx_http_idempotency_redis_command(&kop->op, argc, argv, argvlen);
+}
+
+
+/*
+ * A claim's reply: NGX_OK claimed (nil, or this claim itself, sent again
+ * after a broken connection, found); NGX_DECLINED a record is there, the
+ * reply's string; NGX_AGAIN refused the way it was sent, to be sent again
+ * (*mode moved on); NGX_ERROR an error, logged.
+ */
+
+ngx_int_t
+ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
+    ngx_uint_t *mode, redisReply *reply, u_char *claim, ngx_log_t *log)
+{
+    switch (reply->type) {
+
+    case REDIS_REPLY_NIL:
+        return NGX_OK;
+
+    case REDIS_REPLY_STRING:
+        return ngx_http_idempotency_claim_own(reply, claim) ? NGX_OK
+                                                            : NGX_DECLINED;
+
+    case REDIS_REPLY_ERROR:
+        if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
+            && ngx_strlcasestrn((u_char *) reply->str,
+                                (u_char *) reply->str + reply->len,
+                                (u_char *) "syntax", 6 - 1)
+               != NULL)
+        {
+            /*
+             * Redis 6.2: no NX with GET; the script from now on.  Claims
+             * already pipelined meet the same refusal: one notice is enough.
+             */
+
+            if (!redis->nx_get_refused) {
+                ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                              "idempotency: redis \"%V\" refuses SET NX GET, "
+                              "claiming with a script", &redis->name);
+                redis->nx_get_refused = 1;
+            }
+
+            *mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
+            return NGX_AGAIN;
+        }
+
+        if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA
+            && reply->len >= 8
+            && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
+        {
+            /* SCRIPT FLUSH or a failover: send the script itself */
+            ngx_http_idempotency_redis_load_script(redis);
+            *mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL;
+            return NGX_AGAIN;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" error: %*s",
+                      &redis->name, (size_t) reply->len, reply->str);
+        return NGX_ERROR;
+
+    default:
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: unexpected redis reply type %d",
+                      reply->type);
+        return NGX_ERROR;
+    }
+}
+
+
+/*
+ * this request's own lease, owner included: only this request wrote it (a
+ * claim sent again after a broken connection carries the same bytes)
+ */
+
+ngx_uint_t
+ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim)
+{
+    return reply->type == REDIS_REPLY_STRING
+           && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+           && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2)
+              == 0;
 }
 
 

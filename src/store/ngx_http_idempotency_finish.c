@@ -46,14 +46,14 @@ static void ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
 static ngx_int_t ngx_http_idempotency_native_again(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_finish_own(
-    ngx_http_idempotency_op_t *op, u_char *old, size_t len);
+    ngx_http_idempotency_op_t *op, u_char *old);
 static void ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, ngx_uint_t store);
 static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static void ngx_http_idempotency_no_sent(ngx_http_idempotency_op_t *op,
+static void ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop,
     u_char *value);
-static void ngx_http_idempotency_no_done(ngx_http_idempotency_op_t *op,
+static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply);
 static void ngx_http_idempotency_no_failed(void);
 static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
@@ -172,34 +172,34 @@ static ngx_http_idempotency_op_t *
 ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_http_idempotency_reply_pt handler)
 {
-    ngx_http_idempotency_op_t  *op;
+    ngx_http_idempotency_op_t      *op;
+    ngx_http_idempotency_key_op_t  *kop;
 
-    op = ngx_http_idempotency_op_alloc(redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_alloc(redis, &f->rkey);
+    if (kop == NULL) {
         return NULL;
     }
 
+    op = &kop->op;
     op->handler = handler;
     op->again = 1;
-    op->info_len = f->info ? f->info->len : 0;
+    kop->info_len = f->info ? f->info->len : 0;
 
     if (f->info) {
-        ngx_memcpy(op->info, f->info->data, f->info->len);
+        ngx_memcpy(kop->info, f->info->data, f->info->len);
     }
 
-    op->rkey_len = f->rkey.len;
-    ngx_memcpy(op->rkey, f->rkey.data, f->rkey.len);
-    ngx_memcpy(op->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-    op->lease_end = f->lease_end;
-    op->orphan = f->orphan;
+    ngx_memcpy(kop->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+    kop->lease_end = f->lease_end;
+    kop->orphan = f->orphan;
 
     if (handler == ngx_http_idempotency_finish_done) {
         op->script = &ngx_http_idempotency_finish_script;
     }
 
     if (handler != ngx_http_idempotency_stage_done) {
-        op->store = f->value ? 1 : 0;
-        ngx_http_idempotency_store_events.sent(op, f->value);
+        kop->store = f->value ? 1 : 0;
+        ngx_http_idempotency_store_events.sent(kop, f->value);
     }
 
     return op;
@@ -267,30 +267,32 @@ static void
 ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_log_t   *log;
-    ngx_str_t    info;
-    redisReply   released;
+    ngx_log_t                      *log;
+    ngx_str_t                       info;
+    redisReply                      released;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
         return;
     }
 
+    kop = ngx_http_idempotency_key_op(op);
     log = op->redis->log;
 
-    info.data = op->info_len ? op->info : op->rkey;
-    info.len = op->info_len ? op->info_len : op->rkey_len;
+    info.data = kop->info_len ? kop->info : op->rkey;
+    info.len = kop->info_len ? kop->info_len : op->rkey_len;
 
-    if (op->orphan && reply && reply->type == REDIS_REPLY_INTEGER) {
+    if (kop->orphan && reply && reply->type == REDIS_REPLY_INTEGER) {
 
-        if (reply->integer == 0 && !op->rechecked) {
+        if (reply->integer == 0 && !kop->rechecked) {
             /*
              * Not there: it never landed, or it still waits in Redis on
              * the connection that broke, to be run after this release
              * (both were pending when Redis stalled).  Once more, later.
              */
 
-            op->rechecked = 1;
-            op->retry_backoff = 500;    /* a second later, quietly */
+            kop->rechecked = 1;
+            kop->retry_backoff = 500;    /* a second later, quietly */
 
             if (ngx_http_idempotency_finish_retry(op, NULL) == NGX_OK) {
                 return;
@@ -303,13 +305,13 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
                       reply->integer ? "released" : "not there", &info);
 
         if (reply->integer == 1) {
-            ngx_http_idempotency_store_events.done(op, reply);
+            ngx_http_idempotency_store_events.done(kop, reply);
         }
 
         return;
     }
 
-    if (reply && !op->store && op->resent
+    if (reply && !kop->store && op->resent
         && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
     {
         /*
@@ -328,13 +330,13 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
         reply = &released;
     }
 
-    ngx_http_idempotency_store_events.done(op, reply);
+    ngx_http_idempotency_store_events.done(kop, reply);
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" went away before the "
                       "record was %s, %V", &op->redis->name,
-                      op->store ? "stored" : "released", &info);
+                      kop->store ? "stored" : "released", &info);
         return;
     }
 
@@ -342,7 +344,7 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "idempotency: redis \"%V\" refused to %s the record: "
                       "%*s, %V", &op->redis->name,
-                      op->store ? "store" : "release",
+                      kop->store ? "store" : "release",
                       (size_t) reply->len, reply->str, &info);
         return;
     }
@@ -352,7 +354,7 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
                       "idempotency: claim was lost before the record was "
                       "%s (taken over after its lease expired, or Redis "
                       "lost the key), %V",
-                      op->store ? "stored" : "released", &info);
+                      kop->store ? "stored" : "released", &info);
     }
 }
 
@@ -363,7 +365,8 @@ static void
 ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_str_t  info;
+    ngx_str_t                       info;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (ngx_http_idempotency_finish_retry(op, reply) == NGX_OK) {
         return;
@@ -373,8 +376,10 @@ ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    info.data = op->info_len ? op->info : op->rkey;
-    info.len = op->info_len ? op->info_len : op->rkey_len;
+    kop = ngx_http_idempotency_key_op(op);
+
+    info.data = kop->info_len ? kop->info : op->rkey;
+    info.len = kop->info_len ? kop->info_len : op->rkey_len;
 
     ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
                   "idempotency: redis \"%V\" refused to stage the record: "
@@ -449,8 +454,9 @@ static void
 ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    u_char      *old;
-    redisReply   result;
+    u_char                         *old;
+    redisReply                      result;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (reply == NULL
         || (reply->type != REDIS_REPLY_STRING
@@ -465,13 +471,14 @@ ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
     result.type = REDIS_REPLY_INTEGER;
     result.integer = 0;
 
+    kop = ngx_http_idempotency_key_op(op);
     old = (u_char *) reply->str;
 
     if (reply->type == REDIS_REPLY_STRING
         && (size_t) reply->len >= NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
     {
         if ((size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
-            && ngx_memcmp(old, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0)
+            && ngx_memcmp(old, kop->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0)
         {
             /* it was the claim: set */
             result.integer = 1;
@@ -480,10 +487,9 @@ ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
             /* the owner's claim under another word: compared again */
             return;
 
-        } else if (op->store && op->buf && op->buf_len > 0) {
+        } else if (kop->store && op->buf && op->buf_len > 0) {
             /* this very record, stored by an attempt whose reply was lost */
-            result.integer = ngx_http_idempotency_finish_own(op, old,
-                                                             reply->len);
+            result.integer = ngx_http_idempotency_finish_own(op, old);
         }
     }
 
@@ -502,17 +508,19 @@ static ngx_int_t
 ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    int                         argc;
-    size_t                      argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
-    const char                 *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
-    ngx_str_t                   rkey;
-    ngx_http_idempotency_op_t  *again;
+    int                             argc;
+    size_t                          argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    const char                     *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    ngx_str_t                       rkey;
+    ngx_http_idempotency_key_op_t  *kop, *again;
+
+    kop = ngx_http_idempotency_key_op(op);
 
     if ((size_t) reply->len != NGX_HTTP_IDEMPOTENCY_HEAD_LEN
         || reply->str[4] != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
-        || ngx_memcmp(reply->str, op->claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
+        || ngx_memcmp(reply->str, kop->claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
            != 0
-        || op->cas >= NGX_HTTP_IDEMPOTENCY_CAS_TRIES
+        || kop->cas >= NGX_HTTP_IDEMPOTENCY_CAS_TRIES
         || op->buf == NULL
         || ngx_http_idempotency_retry_parse(op->buf, op->buf + op->buf_len,
                                             &argc, argv, argvlen)
@@ -522,37 +530,25 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
         return NGX_DECLINED;
     }
 
-    again = ngx_http_idempotency_op_alloc(op->redis);
+    again = ngx_http_idempotency_key_op_copy(kop);
     if (again == NULL) {
         return NGX_DECLINED;
     }
 
-    again->handler = op->handler;
-    again->store = op->store;
-    again->orphan = op->orphan;
-    again->rechecked = op->rechecked;
-    again->cause = op->cause;
-    again->too_large = op->too_large;
-    again->zone = op->zone;
-    again->lease_end = op->lease_end;
-    again->retry_backoff = op->retry_backoff;
-    again->again = 1;
-    again->cas = op->cas + 1;
-    again->rkey_len = op->rkey_len;
-    ngx_memcpy(again->rkey, op->rkey, op->rkey_len);
+    again->op.handler = op->handler;
+    again->op.again = 1;
+    again->cas = kop->cas + 1;
     ngx_memcpy(again->claim, reply->str, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-    again->info_len = op->info_len;
-    ngx_memcpy(again->info, op->info, op->info_len);
 
     /* compared with what is there; a release sets it to itself */
 
     argv[4] = (const char *) again->claim;
 
-    if (!op->store) {
+    if (!kop->store) {
         argv[2] = (const char *) again->claim;
     }
 
-    if (ngx_http_idempotency_redis_command(again, argc, argv, argvlen)
+    if (ngx_http_idempotency_redis_command(&again->op, argc, argv, argvlen)
         != NGX_OK)
     {
         return NGX_DECLINED;
@@ -561,7 +557,7 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
     rkey.data = op->rkey;
     rkey.len = op->rkey_len;
 
-    ngx_http_idempotency_publish(op->redis, &rkey, op->store);
+    ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
 
     return NGX_OK;
 }
@@ -570,8 +566,7 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
 /* the value found starts with this finish's own record head */
 
 static ngx_uint_t
-ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old,
-    size_t len)
+ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old)
 {
     int          argc;
     size_t       argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
@@ -631,13 +626,13 @@ ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
 
 
 static void
-ngx_http_idempotency_no_sent(ngx_http_idempotency_op_t *op, u_char *value)
+ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop, u_char *value)
 {
 }
 
 
 static void
-ngx_http_idempotency_no_done(ngx_http_idempotency_op_t *op,
+ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply)
 {
 }

@@ -201,38 +201,37 @@ ngx_http_idempotency_lease_deadline(u_char *head)
  */
 
 ngx_int_t
-ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
+ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
     ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl)
 {
     u_char       word[6], pttl[NGX_INT_T_LEN];
     size_t       argvlen[8];
     const char  *argv[8];
 
-    op->rkey_len = rkey->len;
-    ngx_memcpy(op->rkey, rkey->data, rkey->len);
-    op->lease_end = ngx_current_msec + lock_ttl;
+    kop->lease_end = ngx_current_msec + lock_ttl;
 
     ngx_http_idempotency_lease_word(word, ngx_http_idempotency_epoch_msec()
                                           + lock_ttl);
 
     argvlen[0] = ngx_http_idempotency_decimal(pttl, lock_ttl + ttl) - pttl;
 
-    if (ngx_http_idempotency_native_cas(op->redis)) {
+    if (ngx_http_idempotency_native_cas(kop->op.redis)) {
         /* the new claim, kept to be the owner's once Redis has it */
-        ngx_memcpy(op->claim, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT);
-        ngx_memcpy(op->claim + NGX_HTTP_IDEMPOTENCY_WORD_AT, word, 6);
+        ngx_memcpy(kop->claim, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT);
+        ngx_memcpy(kop->claim + NGX_HTTP_IDEMPOTENCY_WORD_AT, word, 6);
 
         argv[6] = "PX";
         argvlen[6] = 2;
         argv[7] = (const char *) pttl;
         argvlen[7] = argvlen[0];
 
-        ngx_http_idempotency_cas_args(argv, argvlen, rkey, op->claim,
+        ngx_http_idempotency_cas_args(argv, argvlen, rkey, kop->claim,
                                       NGX_HTTP_IDEMPOTENCY_HEAD_LEN, claim);
         argv[5] = "GET";
         argvlen[5] = 3;
 
-        return ngx_http_idempotency_redis_command(op, 8, argv, argvlen);
+        return ngx_http_idempotency_redis_command(&kop->op, 8, argv,
+                                                  argvlen);
     }
 
     argv[6] = (const char *) pttl;
@@ -251,7 +250,7 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
     argv[5] = (const char *) word;
     argvlen[5] = 6;
 
-    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
+    return ngx_http_idempotency_redis_command(&kop->op, 7, argv, argvlen);
 }
 
 
@@ -267,7 +266,7 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
  */
 
 ngx_int_t
-ngx_http_idempotency_lease_renewed(ngx_http_idempotency_op_t *op,
+ngx_http_idempotency_lease_renewed(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply, u_char *claim)
 {
     if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
@@ -287,7 +286,7 @@ ngx_http_idempotency_lease_renewed(ngx_http_idempotency_op_t *op,
     }
 
     if (ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0) {
-        ngx_memcpy(claim, op->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        ngx_memcpy(claim, kop->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
         return NGX_OK;
     }
 

@@ -35,7 +35,7 @@ typedef struct {
     u_char                          *buf;        /* the command, RESP */
     size_t                           len;
     ngx_msec_t                       backoff;
-    ngx_http_idempotency_op_t        op;         /* what the op carried */
+    ngx_http_idempotency_key_op_t    kop;        /* what the op carried */
 } ngx_http_idempotency_retry_t;
 
 
@@ -59,16 +59,19 @@ ngx_int_t
 ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_msec_int_t                 left;
-    ngx_http_idempotency_retry_t  *rt;
+    ngx_msec_int_t                  left;
+    ngx_http_idempotency_retry_t   *rt;
+    ngx_http_idempotency_key_op_t  *kop;
 
     if (reply && !ngx_http_idempotency_retryable(reply)) {
         return NGX_DECLINED;
     }
 
-    left = (ngx_msec_int_t) (op->lease_end - ngx_current_msec);
+    kop = ngx_http_idempotency_key_op(op);
 
-    if (op->buf == NULL || op->lease_end == 0 || left <= 0
+    left = (ngx_msec_int_t) (kop->lease_end - ngx_current_msec);
+
+    if (op->buf == NULL || kop->lease_end == 0 || left <= 0
         || op->redis->exiting || ngx_terminate)
     {
         return NGX_DECLINED;
@@ -94,17 +97,17 @@ ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_retries_init = 1;
     }
 
-    ngx_memcpy(&rt->op, op, sizeof(ngx_http_idempotency_op_t));
+    ngx_memcpy(&rt->kop, kop, sizeof(ngx_http_idempotency_key_op_t));
 
     /* the command is the retry's now */
     rt->buf = op->buf;
     rt->len = op->buf_len;
     op->buf = NULL;
-    rt->op.buf = NULL;
+    rt->kop.op.buf = NULL;
 
-    rt->backoff = op->retry_backoff ? ngx_min(op->retry_backoff * 2,
-                                              NGX_HTTP_IDEMPOTENCY_RETRY_MAX)
-                                    : NGX_HTTP_IDEMPOTENCY_RETRY_FIRST;
+    rt->backoff = kop->retry_backoff ? ngx_min(kop->retry_backoff * 2,
+                                               NGX_HTTP_IDEMPOTENCY_RETRY_MAX)
+                                     : NGX_HTTP_IDEMPOTENCY_RETRY_FIRST;
 
     ngx_memzero(&rt->ev, sizeof(ngx_event_t));
     rt->ev.handler = ngx_http_idempotency_retry_handler;
@@ -119,16 +122,16 @@ ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
     ngx_queue_insert_tail(&ngx_http_idempotency_retries, &rt->queue);
     ngx_http_idempotency_retry_bytes += rt->len;
 
-    if (op->retry_backoff == 0) {
+    if (kop->retry_backoff == 0) {
         ngx_log_error(NGX_LOG_WARN, op->redis->log, 0,
                       "idempotency: redis \"%V\" did not acknowledge the "
                       "%s (%s), sending it again for up to %M ms, %*s",
                       &op->redis->name,
-                      op->orphan ? "release of a lost claim"
-                      : op->store ? "record" : "release",
+                      kop->orphan ? "release of a lost claim"
+                      : kop->store ? "record" : "release",
                       reply ? "error reply" : "no reply", (ngx_msec_t) left,
-                      op->info_len ? op->info_len : op->rkey_len,
-                      op->info_len ? op->info : op->rkey);
+                      kop->info_len ? kop->info_len : op->rkey_len,
+                      kop->info_len ? kop->info : op->rkey);
     }
 
     return NGX_OK;
@@ -206,13 +209,14 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
 {
     ngx_http_idempotency_retry_t *rt = ev->data;
 
-    int                         argc;
-    size_t                      argvlen[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
-    const char                 *argv[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
-    ngx_msec_int_t              left;
-    ngx_http_idempotency_op_t  *op, *saved;
+    int                             argc;
+    size_t                          argvlen[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
+    const char                     *argv[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
+    ngx_msec_int_t                  left;
+    ngx_http_idempotency_op_t      *op;
+    ngx_http_idempotency_key_op_t  *kop, *saved;
 
-    saved = &rt->op;
+    saved = &rt->kop;
 
     if (ngx_http_idempotency_retry_parse(rt->buf, rt->buf + rt->len, &argc,
                                          argv, argvlen)
@@ -224,29 +228,19 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
         return;
     }
 
-    op = ngx_http_idempotency_op_alloc(saved->redis);
-    if (op == NULL) {
+    kop = ngx_http_idempotency_key_op_copy(saved);
+    if (kop == NULL) {
         goto again;
     }
 
-    op->handler = saved->handler;
-    op->store = saved->store;
-    op->orphan = saved->orphan;
-    op->rechecked = saved->rechecked;
-    op->cause = saved->cause;
-    op->too_large = saved->too_large;
-    op->zone = saved->zone;
-    op->lease_end = saved->lease_end;
-    op->retry_backoff = rt->backoff;
+    op = &kop->op;
+    op->handler = saved->op.handler;
+    kop->retry_backoff = rt->backoff;
+    kop->cas = 0;
     op->again = 1;
     op->resent = 1;
     op->script = (argvlen[0] == 7 && ngx_strncmp(argv[0], "EVALSHA", 7) == 0)
                  ? &ngx_http_idempotency_finish_script : NULL;
-    op->rkey_len = saved->rkey_len;
-    ngx_memcpy(op->rkey, saved->rkey, saved->rkey_len);
-    ngx_memcpy(op->claim, saved->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-    op->info_len = saved->info_len;
-    ngx_memcpy(op->info, saved->info, saved->info_len);
 
     if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
         == NGX_OK)
@@ -260,16 +254,16 @@ again:
 
     left = (ngx_msec_int_t) (saved->lease_end - ngx_current_msec);
 
-    if (left <= 0 || saved->redis->exiting) {
+    if (left <= 0 || saved->op.redis->exiting) {
         ngx_log_error(NGX_LOG_ERR, ev->log, 0,
                       "idempotency: redis \"%V\" stayed unreachable until "
                       "the claim's lease ended: the %s was not sent; a "
                       "retry gets outcome-unknown, %*s",
-                      &saved->redis->name,
+                      &saved->op.redis->name,
                       saved->orphan ? "release of a lost claim"
                       : saved->store ? "record" : "release",
-                      saved->info_len ? saved->info_len : saved->rkey_len,
-                      saved->info_len ? saved->info : saved->rkey);
+                      saved->info_len ? saved->info_len : saved->op.rkey_len,
+                      saved->info_len ? saved->info : saved->op.rkey);
 
         if (saved->store || !saved->orphan) {
             ngx_http_idempotency_store_events.unknown(

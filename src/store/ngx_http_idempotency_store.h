@@ -14,6 +14,36 @@
 #include <openssl/evp.h>
 
 
+#define NGX_HTTP_IDEMPOTENCY_HASH_LEN       32      /* SHA-256 */
+#define NGX_HTTP_IDEMPOTENCY_HEX_LEN        64      /* ...in hex */
+#define NGX_HTTP_IDEMPOTENCY_TOKEN_LEN      16
+#define NGX_HTTP_IDEMPOTENCY_PREFIX_MAX     64
+
+/*
+ * "key hash …, client: …, request: "…"" in the log lines of a store or
+ * release: 95 fixed bytes and an address of at most NGX_SOCKADDR_STRLEN
+ * (113) leave the request line at least 111
+ */
+#define NGX_HTTP_IDEMPOTENCY_INFO_LEN       320
+
+/*
+ * a record's key, prefix + "{" + 64 hex digits + "}" (130), fits the
+ * client's NGX_HTTP_IDEMPOTENCY_RKEY_MAX (256)
+ */
+#define NGX_HTTP_IDEMPOTENCY_STORE_KEY_MAX                                    \
+    (NGX_HTTP_IDEMPOTENCY_PREFIX_MAX + 2 + 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+
+/* "IDM1" | state | fingerprint | token: the claim, and every record's head */
+#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
+    (4 + 1 + NGX_HTTP_IDEMPOTENCY_HASH_LEN + NGX_HTTP_IDEMPOTENCY_TOKEN_LEN)
+
+
+/* how the claim is sent; each step down is taken once, on a refusal */
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_SET      0
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA  1
+#define NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL     2
+
+
 #define NGX_HTTP_IDEMPOTENCY_MAGIC          "IDM1"
 
 /* the status of an unknown outcome that names none: 502 Bad Gateway */
@@ -54,6 +84,48 @@ typedef struct {
     EVP_MD_CTX                      *inner;
     EVP_MD_CTX                      *outer;
 } ngx_http_idempotency_secret_t;
+
+
+/*
+ * A store command about one record key: the client's op first (its reply
+ * handler gets the op, ngx_http_idempotency_key_op() the rest), then what
+ * the store and the layers above keep with the command until its reply.
+ */
+typedef struct {
+    ngx_http_idempotency_op_t        op;
+
+    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    size_t                           info_len;
+    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    /* retry.c: a finish is sent again until acknowledged or until then */
+    ngx_msec_t                       lease_end;
+    ngx_msec_t                       retry_backoff;
+
+    /* a take whose reply is lost: its unknown outcome's ttl (forward) */
+    ngx_msec_t                       ttl;
+
+    /* metrics: when the claim was sent, where the store is counted */
+    uint64_t                         sent;
+    ngx_uint_t                       zone;
+
+    /* the acknowledgements (WAIT, WAITAOF) asked for */
+    ngx_uint_t                       replicas;
+
+    unsigned                         store:1;
+    unsigned                         orphan:1;   /* a lost claim's release */
+    unsigned                         rechecked:1;    /* ...sent once more */
+    unsigned                         release_lost:1; /* claim: if lost */
+    unsigned                         cause:2;    /* finish: unknown, why */
+    unsigned                         cas:2;      /* finish: compared again */
+    unsigned                         forward:1;
+    unsigned                         too_large:1;
+    unsigned                         won:1;      /* WAIT: after a claim won */
+    unsigned                         aof:1;      /* WAITAOF */
+} ngx_http_idempotency_key_op_t;
+
+
+#define ngx_http_idempotency_key_op(o)  ((ngx_http_idempotency_key_op_t *) (o))
 
 
 /* a decoded record; pointers refer to a copy in r->pool */
@@ -101,9 +173,9 @@ void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
  * unknown because a finish was never acknowledged; nobody by default
  */
 typedef struct {
-    void                           (*sent)(ngx_http_idempotency_op_t *op,
+    void                           (*sent)(ngx_http_idempotency_key_op_t *kop,
                                        u_char *value);
-    void                           (*done)(ngx_http_idempotency_op_t *op,
+    void                           (*done)(ngx_http_idempotency_key_op_t *kop,
                                        redisReply *reply);
     void                           (*failed)(void);
     void                           (*unknown)(ngx_uint_t cause);
@@ -128,9 +200,20 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
     ((redis)->script_refused && ngx_http_idempotency_has_ifeq(redis))
 
 
+/* op.c: the store's commands */
+ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_alloc(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey);
+ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_copy(
+    ngx_http_idempotency_key_op_t *from);
+
 /* claim.c: the claim, and the take-over of an unknown outcome */
-ngx_int_t ngx_http_idempotency_claim_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t mode);
+ngx_int_t ngx_http_idempotency_claim_command(
+    ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
+    ngx_msec_t ttl, ngx_uint_t *mode);
+ngx_int_t ngx_http_idempotency_claim_result(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t *mode, redisReply *reply,
+    u_char *claim, ngx_log_t *log);
+ngx_uint_t ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim);
 ngx_int_t ngx_http_idempotency_claim_allowed(
     ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
@@ -182,10 +265,11 @@ void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
 ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
     uint64_t at, ngx_msec_t margin);
 uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
-ngx_int_t ngx_http_idempotency_lease_renew(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl);
-ngx_int_t ngx_http_idempotency_lease_renewed(ngx_http_idempotency_op_t *op,
-    redisReply *reply, u_char *claim);
+ngx_int_t ngx_http_idempotency_lease_renew(
+    ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
+    ngx_msec_t lock_ttl, ngx_msec_t ttl);
+ngx_int_t ngx_http_idempotency_lease_renewed(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply, u_char *claim);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
