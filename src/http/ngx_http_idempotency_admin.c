@@ -51,24 +51,6 @@ static void ngx_http_idempotency_admin_finish(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t rc, ngx_buf_t *b);
 
 
-/*
- * purge: KEYS[1] the record key, ARGV[1] "1" to purge an in-progress
- * claim too.  0: no record; -1: in progress, not purged; 1: purged.  A
- * claim is in progress unless it is an unknown outcome (0xC1 'U' at 45).
- */
-
-static ngx_str_t  ngx_http_idempotency_purge_script = ngx_string(
-    "local h = redis.call('GETRANGE', KEYS[1], 0, 52)\n"
-    "if h == '' then return 0 end\n"
-    "if ARGV[1] ~= '1' and string.byte(h, 5) == 1\n"
-    "   and string.sub(h, 46, 47) ~= '\\193U' then\n"
-    "  return -1\n"
-    "end\n"
-    "redis.call('DEL', KEYS[1])\n"
-    "return 1\n"
-);
-
-
 char *
 ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -266,14 +248,12 @@ ngx_http_idempotency_admin_op(ngx_http_idempotency_admin_ctx_t *ctx)
 }
 
 
-/* GET and PTTL, pipelined on the key's node; or the purge script */
+/* GET and PTTL, pipelined on the key's node; or the purge */
 
 static ngx_int_t
 ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
     ngx_uint_t del)
 {
-    size_t                      argvlen[5];
-    const char                 *argv[5];
     ngx_http_idempotency_op_t  *op;
 
     op = ngx_http_idempotency_admin_op(ctx);
@@ -284,18 +264,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
     if (del) {
         op->handler = ngx_http_idempotency_admin_deleted;
 
-        argv[0] = "EVAL";
-        argvlen[0] = 4;
-        argv[1] = (const char *) ngx_http_idempotency_purge_script.data;
-        argvlen[1] = ngx_http_idempotency_purge_script.len;
-        argv[2] = "1";
-        argvlen[2] = 1;
-        argv[3] = (const char *) ctx->rkey.data;
-        argvlen[3] = ctx->rkey.len;
-        argv[4] = ctx->force ? "1" : "0";
-        argvlen[4] = 1;
-
-        if (ngx_http_idempotency_redis_command(op, 5, argv, argvlen)
+        if (ngx_http_idempotency_purge_command(op, &ctx->rkey, ctx->force)
             != NGX_OK)
         {
             return NGX_ERROR;
@@ -307,12 +276,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
 
     op->handler = ngx_http_idempotency_admin_got;
 
-    argv[0] = "GET";
-    argvlen[0] = 3;
-    argv[1] = (const char *) ctx->rkey.data;
-    argvlen[1] = ctx->rkey.len;
-
-    if (ngx_http_idempotency_redis_command(op, 2, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -325,10 +289,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
 
     op->handler = ngx_http_idempotency_admin_pttl;
 
-    argv[0] = "PTTL";
-    argvlen[0] = 4;
-
-    if (ngx_http_idempotency_redis_command(op, 2, argv, argvlen) != NGX_OK) {
+    if (ngx_http_idempotency_fetch_ttl_command(op, &ctx->rkey) != NGX_OK) {
         return NGX_ERROR;
     }
 

@@ -61,12 +61,8 @@ void
 ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char                      *p, hash[EVP_MAX_MD_SIZE];
-    u_char                       px[NGX_INT_T_LEN];
-    u_char                       fkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX + 2];
-    size_t                       argvlen[7];
-    const char                  *argv[7];
-    ngx_http_idempotency_op_t   *op;
+    u_char                      hash[EVP_MAX_MD_SIZE];
+    ngx_http_idempotency_op_t  *op;
 
     if (ctx->conf->fresh_detect == 0 || ctx->fresh_sent) {
         return;
@@ -80,11 +76,6 @@ ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
         return;
     }
 
-    p = ngx_cpymem(fkey, ctx->conf->prefix.data, ctx->conf->prefix.len);
-    *p++ = '{';
-    p = ngx_hex_dump(p, hash, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
-    p = ngx_cpymem(p, "}:f", 3);
-
     op = ngx_http_idempotency_op_alloc(ctx->redis);
     if (op == NULL) {
         return;
@@ -92,26 +83,12 @@ ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
 
     op->data = ctx;
     op->handler = ngx_http_idempotency_fresh_done;
-    op->rkey_len = p - fkey;
-    ngx_memcpy(op->rkey, fkey, op->rkey_len);
 
-    argv[0] = "SET";
-    argvlen[0] = 3;
-    argv[1] = (const char *) fkey;
-    argvlen[1] = p - fkey;
-    argv[2] = (const char *) ngx_http_idempotency_key_hash(ctx);
-    argvlen[2] = NGX_HTTP_IDEMPOTENCY_HEX_LEN;
-    argv[3] = "NX";
-    argvlen[3] = 2;
-    argv[4] = "GET";
-    argvlen[4] = 3;
-    argv[5] = "PX";
-    argvlen[5] = 2;
-    argv[6] = (const char *) px;
-    argvlen[6] = ngx_http_idempotency_decimal(px, ctx->conf->fresh_detect)
-                 - px;
-
-    if (ngx_http_idempotency_redis_command(op, 7, argv, argvlen) == NGX_OK) {
+    if (ngx_http_idempotency_seen_command(op, &ctx->conf->prefix, hash,
+                                          ngx_http_idempotency_key_hash(ctx),
+                                          ctx->conf->fresh_detect)
+        == NGX_OK)
+    {
         ctx->fresh_op = op;
     }
 }

@@ -21,11 +21,6 @@
 
 static ngx_http_idempotency_key_op_t *ngx_http_idempotency_wait_issue(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, ngx_str_t *info);
-static ngx_int_t ngx_http_idempotency_wait_command(
-    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_loc_conf_t *conf);
-static ngx_int_t ngx_http_idempotency_wait_acked(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply, ngx_log_t *log,
-    ngx_str_t *info);
 static void ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info, u_char *buf);
 static ngx_http_idempotency_key_op_t *ngx_http_idempotency_wait_touch(
@@ -186,43 +181,6 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 }
 
 
-static ngx_int_t
-ngx_http_idempotency_wait_command(ngx_http_idempotency_key_op_t *kop,
-    ngx_http_idempotency_loc_conf_t *conf)
-{
-    int          n;
-    u_char       replicas[NGX_INT_T_LEN], timeout[NGX_INT_T_LEN];
-    size_t       argvlen[4];
-    const char  *argv[4];
-
-    kop->replicas = conf->redis_wait;
-    kop->aof = conf->redis_wait_aof;
-    kop->won = 0;
-
-    n = 0;
-
-    if (kop->aof) {
-        /* numlocal 1: the primary's own fsync is always asked for */
-        argv[n] = "WAITAOF";
-        argvlen[n++] = 7;
-        argv[n] = "1";
-        argvlen[n++] = 1;
-
-    } else {
-        argv[n] = "WAIT";
-        argvlen[n++] = 4;
-    }
-
-    argv[n] = (const char *) replicas;
-    argvlen[n++] = ngx_sprintf(replicas, "%ui", conf->redis_wait) - replicas;
-    argv[n] = (const char *) timeout;
-    argvlen[n++] = ngx_sprintf(timeout, "%M", conf->redis_wait_timeout)
-                   - timeout;
-
-    return ngx_http_idempotency_redis_command(&kop->op, n, argv, argvlen);
-}
-
-
 /*
  * Sent with every claim when the directive is on, and acted upon only if
  * the claim is won: a replay, 409 or 422 does not wait for its reply.
@@ -284,7 +242,11 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
         ngx_memcpy(kop->info, info->data, info->len);
     }
 
-    if (ngx_http_idempotency_wait_command(kop, ctx->conf) != NGX_OK) {
+    if (ngx_http_idempotency_durable_command(kop, ctx->conf->redis_wait,
+                                             ctx->conf->redis_wait_timeout,
+                                             ctx->conf->redis_wait_aof)
+        != NGX_OK)
+    {
         return NULL;
     }
 
@@ -568,8 +530,8 @@ ngx_http_idempotency_wait_claim_done(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_release(r, ctx);
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
 
-    } else if (ngx_http_idempotency_wait_acked(kop, reply, r->connection->log,
-                                               &info)
+    } else if (ngx_http_idempotency_durable_result(kop, reply,
+                                                   r->connection->log, &info)
                != NGX_OK)
     {
         ngx_http_idempotency_release(r, ctx);
@@ -596,96 +558,6 @@ ngx_http_idempotency_wait_info(ngx_http_idempotency_ctx_t *ctx,
 }
 
 
-/* NGX_OK: enough replicas acknowledged; else the reason is logged */
-
-static ngx_int_t
-ngx_http_idempotency_wait_acked(ngx_http_idempotency_key_op_t *kop,
-    redisReply *reply, ngx_log_t *log, ngx_str_t *info)
-{
-    const char  *what, *cmd;
-    redisReply  *local, *replicas;
-
-    what = kop->won ? "claim, released" : "stored record";
-    cmd = kop->aof ? "WAITAOF" : "WAIT";
-
-    if (reply == NULL) {
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" went away before %s "
-                      "answered for the %s, %V", &kop->op.redis->name, cmd,
-                      what, info);
-        return NGX_ERROR;
-    }
-
-    if (!kop->aof && reply->type == REDIS_REPLY_INTEGER) {
-
-        if (reply->integer >= (long long) kop->replicas) {
-            return NGX_OK;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\": %L of %ui replicas "
-                      "acknowledged the %s, %V", &kop->op.redis->name,
-                      (int64_t) reply->integer, kop->replicas, what, info);
-        return NGX_ERROR;
-    }
-
-    /* WAITAOF: [fsynced on the primary (0 or 1), replicas that fsynced] */
-
-    if (kop->aof && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2
-        && reply->element[0]->type == REDIS_REPLY_INTEGER
-        && reply->element[1]->type == REDIS_REPLY_INTEGER)
-    {
-        local = reply->element[0];
-        replicas = reply->element[1];
-
-        if (local->integer >= 1
-            && replicas->integer >= (long long) kop->replicas)
-        {
-            return NGX_OK;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\": %L of 1 primary and %L "
-                      "of %ui replicas fsynced the %s, %V",
-                      &kop->op.redis->name,
-                      (int64_t) local->integer, (int64_t) replicas->integer,
-                      kop->replicas, what, info);
-        return NGX_ERROR;
-    }
-
-    if (reply->type == REDIS_REPLY_ERROR && kop->aof
-        && ngx_strlcasestrn((u_char *) reply->str,
-                            (u_char *) reply->str + reply->len,
-                            (u_char *) "unknown command",
-                            sizeof("unknown command") - 1 - 1)
-           != NULL)
-    {
-        /* Redis before 7.2: never taken for an acknowledgement */
-
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" has no WAITAOF (Redis 7.2 "
-                      "or later, or Valkey, is needed for "
-                      "\"idempotency_redis_wait ... aof\"), for the %s, %V",
-                      &kop->op.redis->name, what, info);
-        return NGX_ERROR;
-    }
-
-    if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" refused %s: %*s, "
-                      "for the %s, %V", &kop->op.redis->name, cmd,
-                      (size_t) reply->len, reply->str, what, info);
-        return NGX_ERROR;
-    }
-
-    ngx_log_error(NGX_LOG_ERR, log, 0,
-                  "idempotency: unexpected redis reply type %d to %s, "
-                  "for the %s, %V", reply->type, cmd, what, info);
-
-    return NGX_ERROR;
-}
-
-
 static void
 ngx_http_idempotency_wait_store_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
@@ -698,5 +570,6 @@ ngx_http_idempotency_wait_store_done(ngx_http_idempotency_op_t *op,
     info.data = kop->info;
     info.len = kop->info_len;
 
-    (void) ngx_http_idempotency_wait_acked(kop, reply, op->redis->log, &info);
+    (void) ngx_http_idempotency_durable_result(kop, reply, op->redis->log,
+                                               &info);
 }

@@ -226,6 +226,26 @@ ngx_int_t ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
 ngx_int_t ngx_http_idempotency_touch_result(redisReply *reply,
     u_char *claim);
 
+/* durable.c: WAIT, WAITAOF */
+ngx_int_t ngx_http_idempotency_durable_command(
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t number,
+    ngx_msec_t timeout_ms, ngx_uint_t aof);
+ngx_int_t ngx_http_idempotency_durable_result(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply, ngx_log_t *log,
+    ngx_str_t *info);
+
+/* fetch.c: what an operator reads of a key, or purges */
+ngx_int_t ngx_http_idempotency_fetch_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey);
+ngx_int_t ngx_http_idempotency_fetch_ttl_command(
+    ngx_http_idempotency_op_t *op, ngx_str_t *rkey);
+ngx_int_t ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, ngx_uint_t force);
+
+/* seen.c: which key first carried a request */
+ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *prefix, u_char *hash, u_char *key_hex, ngx_msec_t window);
+
 /* finish.c: a claim stored, made an unknown outcome, or released */
 void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_log_t *log);
