@@ -431,7 +431,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
 
     op->resend = 1;
     ngx_http_idempotency_metrics_claim_sent(op, ctx);
-    ctx->notify_epoch = ngx_http_idempotency_notify_epoch;
+    ctx->notify_epoch = ngx_http_idempotency_watch_epoch;
 
     /*
      * Redis >= 7.0: SET NX GET PX is the claim in one native command (nil:
