@@ -429,7 +429,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     }
 
     ngx_http_idempotency_metrics_claim_sent(kop, ctx);
-    ctx->notify_epoch = ngx_http_idempotency_notify_epoch;
+    ctx->notify_epoch = ngx_http_idempotency_watch_epoch;
 
     if (ngx_http_idempotency_claim_command(kop, &ctx->rkey, ctx->claim,
                                            ctx->conf->lock_ttl + ctx->conf->ttl,

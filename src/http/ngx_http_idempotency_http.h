@@ -176,7 +176,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_event_handler_pt             write_handler;
     ngx_msec_t                       wait_until;
     ngx_msec_t                       poll_delay;
-    void                            *notify;     /* notify.c: a waiter */
+    ngx_http_idempotency_watcher_t  *notify;     /* notify.c */
     ngx_uint_t                       notify_epoch;   /* of the last claim */
 
     /* lease.c: the owner's renewals */
@@ -374,16 +374,9 @@ void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t *info);
 
 /* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
-extern ngx_uint_t  ngx_http_idempotency_notify_epoch;
 ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
     ngx_msec_t *delay);
 void ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx);
-ngx_int_t ngx_http_idempotency_notify_reply(ngx_http_idempotency_node_t *node,
-    redisReply *reply);
-void ngx_http_idempotency_notify_up(ngx_http_idempotency_node_t *node);
-ngx_uint_t ngx_http_idempotency_notify_closed(
-    ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_notify_exit(ngx_http_idempotency_redis_t *redis);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_HTTP_H_INCLUDED_ */

@@ -1479,7 +1479,7 @@ ngx_http_idempotency_cluster_slots_valid(redisReply *reply)
 }
 
 
-/* notify.c: the master of a slot per the map; NULL: not known, asked for */
+/* subscribe.c: the master of a slot per the map; NULL: not known, asked for */
 
 ngx_http_idempotency_node_t *
 ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
@@ -1506,7 +1506,7 @@ ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
 
 
 /*
- * notify.c: a subscriber was told that a slot is elsewhere (a MOVED to
+ * subscribe.c: a subscriber was told that a slot is elsewhere (a MOVED to
  * SSUBSCRIBE: "<slot> <host>:<port>", as commands are) or has left
  * (len 0: an unsolicited sunsubscribe): the map is asked for again, and
  * a MOVED is taken at once for its slot.

@@ -344,7 +344,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    if (node->notify) {
+    if (node->subscriber) {
         /* a subscriber runs no scripts */
         return;
     }
@@ -636,8 +636,8 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       &redis->name, &err);
     }
 
-    if (node->notify) {
-        /* notify.c's subscriber: not what redis_up counts */
+    if (node->subscriber) {
+        /* subscribe.c's subscriber: not what redis_up counts */
         node->up_handler(node);
         return;
     }
@@ -711,11 +711,11 @@ ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
     }
 
     /*
-     * a cluster node that left the slot map is not reconnected; notify.c's
-     * subscribers are no cluster nodes
+     * a cluster node that left the slot map is not reconnected;
+     * subscribe.c's subscribers are no cluster nodes
      */
 
-    if (!node->notify && node->redis->topology->wanted
+    if (!node->subscriber && node->redis->topology->wanted
         && !node->redis->topology->wanted(node))
     {
         return;
@@ -1079,7 +1079,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 {
     ngx_http_idempotency_op_t  *op;
 
-    if (node->notify
+    if (node->subscriber
         && node->push(node, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
@@ -1125,7 +1125,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
 
     if (node->redis->topology->redirect && !node->handshake_failed
-        && !node->notify
+        && !node->subscriber
         && node->redis->topology->redirect(node, op, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
@@ -1240,7 +1240,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
         /* a cluster's ops go back to the router */
 
-        if (node->redis->topology->lost && !node->notify
+        if (node->redis->topology->lost && !node->subscriber
             && node->redis->topology->lost(node, op) == NGX_OK)
         {
             continue;
@@ -1271,7 +1271,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
         ngx_delete_posted_event(&node->reset_ev);
     }
 
-    if (node->notify) {
+    if (node->subscriber) {
         if (node->closed_handler(node)) {
             ngx_http_idempotency_redis_schedule(node);
         }

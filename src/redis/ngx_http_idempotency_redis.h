@@ -33,6 +33,11 @@ typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
 typedef struct ngx_http_idempotency_sentinel_s
     ngx_http_idempotency_sentinel_t;
 typedef struct ngx_http_idempotency_node_s   ngx_http_idempotency_node_t;
+typedef struct ngx_http_idempotency_subscriber_s
+    ngx_http_idempotency_subscriber_t;
+typedef struct ngx_http_idempotency_channel_s
+    ngx_http_idempotency_channel_t;
+typedef struct ngx_http_idempotency_shard_s  ngx_http_idempotency_shard_t;
 
 
 /*
@@ -168,12 +173,12 @@ struct ngx_http_idempotency_node_s {
     unsigned                         up:1;       /* handshake succeeded */
     unsigned                         was_up:1;
     unsigned                         refused:1;  /* refusal logged */
-    unsigned                         notify:1;   /* a subscriber */
+    unsigned                         subscriber:1;
 
     /*
-     * a subscriber's owner (notify.c) is handed every reply first (NGX_DONE:
-     * taken), told of its handshake, and asked on a close whether to
-     * reconnect
+     * a subscriber node (subscribe.c) is handed every reply first
+     * (NGX_DONE: taken), told of its handshake, and asked on a close
+     * whether to reconnect
      */
     ngx_int_t                      (*push)(ngx_http_idempotency_node_t *node,
                                            redisReply *reply);
@@ -219,7 +224,7 @@ struct ngx_http_idempotency_redis_s {
     ngx_array_t                     *seeds;
     ngx_array_t                     *seed_names;    /* given by name */
     void                            *cluster;    /* per worker */
-    void                            *notify;     /* notify.c, per worker */
+    ngx_http_idempotency_subscriber_t  *subscriber;  /* per worker */
     void                           (*exit_handler)(
                                        ngx_http_idempotency_redis_t *redis);
 
@@ -284,6 +289,57 @@ struct ngx_http_idempotency_op_s {
      */
     ngx_str_t                       *script;
     unsigned                         again:1;
+};
+
+
+typedef void (*ngx_http_idempotency_channel_pt)(
+    ngx_http_idempotency_channel_t *ch);
+
+
+/*
+ * A channel of a subscriber (subscribe.c), by its name; the owner's data
+ * (subscriber->size bytes) follows it and lives as long
+ */
+struct ngx_http_idempotency_channel_s {
+    ngx_str_node_t                   sn;         /* the channel's name */
+    ngx_http_idempotency_subscriber_t  *subscriber;
+    void                            *data;       /* the owner's */
+    ngx_queue_t                      dirty;      /* in subscriber->dirty */
+    ngx_uint_t                       pending;    /* confirmations to come */
+    ngx_http_idempotency_node_t     *node;       /* a cluster's subscriber */
+    ngx_uint_t                       slot;       /* a cluster's */
+    unsigned                         in_dirty:1;
+    unsigned                         wanted:1;   /* by its owner */
+    unsigned                         subscribed:1;   /* sent, not undone */
+    unsigned                         confirmed:1;
+};
+
+
+/*
+ * Sharded Pub/Sub of a target, per worker: made by its owner, which sets
+ * the size of its data per channel and its handlers.  message: on a
+ * confirmed channel; confirmed: a subscription took effect, and what was
+ * published before it may be missed; gone: worker exit, the channel and
+ * its data are freed next; refused: SSUBSCRIBE refused, the subscriber is
+ * off (off) until a reload.
+ */
+struct ngx_http_idempotency_subscriber_s {
+    ngx_http_idempotency_node_t      node;       /* standalone, Sentinel */
+    ngx_rbtree_t                     tree;       /* of channels */
+    ngx_rbtree_node_t                sentinel;
+    ngx_queue_t                      dirty;
+    ngx_event_t                      batch_ev;
+    ngx_http_idempotency_shard_t    *shards;     /* a cluster's */
+
+    size_t                           size;
+    ngx_http_idempotency_channel_pt  message;
+    ngx_http_idempotency_channel_pt  confirmed;
+    ngx_http_idempotency_channel_pt  gone;
+    void                           (*refused)(
+                                       ngx_http_idempotency_subscriber_t *sub,
+                                       redisReply *reply);
+
+    unsigned                         off:1;      /* refused */
 };
 
 
@@ -424,6 +480,15 @@ u_char *ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
 ngx_int_t ngx_http_idempotency_conn_write_now(
     ngx_http_idempotency_node_t *node, u_char *buf, size_t len);
 void ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node);
+
+/* subscribe.c: sharded Pub/Sub */
+ngx_http_idempotency_subscriber_t *ngx_http_idempotency_subscriber_create(
+    ngx_http_idempotency_redis_t *redis);
+ngx_http_idempotency_channel_t *ngx_http_idempotency_subscriber_channel(
+    ngx_http_idempotency_subscriber_t *n, ngx_str_t *name, ngx_uint_t create);
+void ngx_http_idempotency_subscribe(ngx_http_idempotency_channel_t *ch);
+void ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch);
+void ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch);
 
 /* input.c: received bytes into replies */
 u_char *ngx_http_idempotency_input_buf(ngx_http_idempotency_node_t *node,

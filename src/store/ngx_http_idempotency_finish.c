@@ -585,7 +585,7 @@ ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old)
 }
 
 
-/* waiting duplicates learn of it on the key's own channel (notify.c) */
+/* waiting duplicates learn of it on the key's own channel (watch.c) */
 
 static void
 ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,

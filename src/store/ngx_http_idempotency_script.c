@@ -39,7 +39,7 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
  *
  * Every success that acted ends at the one "return 1" at the bottom,
  * after waiting duplicates are woken on the key's own channel
- * (notify.c); pcall: Redis 6 has no SPUBLISH, an ACL may forbid it,
+ * (watch.c); pcall: Redis 6 has no SPUBLISH, an ACL may forbid it,
  * neither fails the store.
  */
 

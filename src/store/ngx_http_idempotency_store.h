@@ -157,6 +157,37 @@ typedef struct {
 } ngx_http_idempotency_finish_t;
 
 
+/*
+ * What a watcher's handler is told (watch.c).  WAKE: look at the key again
+ * now; CHECK: the same, unless a look is in flight; NGX_OK: it looks,
+ * NGX_BUSY: its look is in flight.  CALM: another watcher looks for it,
+ * only a lost message is to be looked for.  GONE: worker exit, no wake-up
+ * will come.
+ */
+#define NGX_HTTP_IDEMPOTENCY_WATCH_WAKE     0
+#define NGX_HTTP_IDEMPOTENCY_WATCH_CHECK    1
+#define NGX_HTTP_IDEMPOTENCY_WATCH_CALM     2
+#define NGX_HTTP_IDEMPOTENCY_WATCH_GONE     3
+
+
+typedef struct ngx_http_idempotency_watcher_s
+    ngx_http_idempotency_watcher_t;
+
+typedef ngx_int_t (*ngx_http_idempotency_watch_pt)(
+    ngx_http_idempotency_watcher_t *w, ngx_uint_t event);
+
+
+/* one waiting for a record key to change (watch.c); the caller's memory */
+struct ngx_http_idempotency_watcher_s {
+    ngx_queue_t                      queue;      /* in the key's */
+    ngx_http_idempotency_channel_t  *channel;    /* the key's */
+    ngx_http_idempotency_watch_pt    handler;
+    void                            *data;
+    unsigned                         checked:1;  /* looked once subscribed */
+    unsigned                         again:1;    /* woken during a look */
+};
+
+
 /* record.c */
 ngx_int_t ngx_http_idempotency_record_decode(u_char *data, size_t len,
     ngx_http_idempotency_record_t *rec);
@@ -258,6 +289,16 @@ ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
 void ngx_http_idempotency_retry_exit(void);
 ngx_int_t ngx_http_idempotency_retry_parse(u_char *p, u_char *last,
     int *argc, const char **argv, size_t *argvlen);
+
+/* watch.c: waiting for a record key to change, woken by the finish */
+extern ngx_uint_t  ngx_http_idempotency_watch_epoch;
+ngx_int_t ngx_http_idempotency_watch_ready(
+    ngx_http_idempotency_redis_t *redis);
+ngx_int_t ngx_http_idempotency_watch_add(ngx_http_idempotency_redis_t *redis,
+    ngx_str_t *rkey, ngx_http_idempotency_watcher_t *w);
+ngx_int_t ngx_http_idempotency_watch_wait(ngx_http_idempotency_watcher_t *w,
+    ngx_uint_t sent, ngx_log_t *log);
+void ngx_http_idempotency_watch_del(ngx_http_idempotency_watcher_t *w);
 
 /* secret.c: keyed record names */
 char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
