@@ -35,6 +35,11 @@
 #                   debootstrap root, once with its redis-server and once
 #                   with its valkey-server, each in private network, PID
 #                   and mount namespaces (util/trixie.sh; root, ~25 min)
+#   make bench-trixie  the bench (fresh, replay, bypass, large-fresh,
+#                   large-replay) in that Debian 13 root: Valkey 8.1 on
+#                   the script path and on the native path (an ACL user
+#                   without @scripting), Redis 8.0 on the script path
+#                   (util/trixie.sh bench; root, ~15 min)
 
 SHELL      := /bin/bash
 NGINX_SRC  ?= /usr/share/nginx/src
@@ -139,6 +144,11 @@ test-valkey: deps
 
 test-trixie:
 	./util/trixie.sh
+
+.PHONY: bench-trixie
+
+bench-trixie:
+	./util/trixie.sh bench
 
 fuzz: deps
 	$(MAKE) module

@@ -59,6 +59,23 @@
 # scenario.  It exits non-zero only when a correctness check fails, never
 # for a missed performance target.
 #
+# REDIS_SERVER, REDIS_CLI and REDIS_BENCHMARK name the server and its tools
+# (redis-server, redis-cli, redis-benchmark; valkey-server, valkey-cli and
+# valkey-benchmark for Valkey; util/redis.sh and util/topology.sh read the
+# first two as well).
+#
+# BENCH_NATIVE=1 measures the store path without scripts: the bench's
+# Redis gets an ACL user that may not run scripts (-@scripting) and every
+# module edge on it authenticates as that user, so the module finishes,
+# renews and releases by native compare-and-set (SET ... IFEQ ... GET)
+# instead of EVALSHA, and a large record goes in one SET IFEQ instead of a
+# staged SET and a RENAME by script.  It needs a server with SET IFEQ
+# (Valkey 8.1 or later), which it checks; every module run checks that no
+# script ran (commandstats).  The tls and cluster scenarios, whose servers
+# util/topology.sh starts without that user, are left out of the default
+# scenarios and refused when named.  The report's first lines say which
+# path was measured.
+#
 # BENCH_MODULE_DIRECTIVES adds directives to the module edge's location,
 # to measure what one costs (idempotency_fresh_key_detect 10m;).
 #
@@ -102,6 +119,13 @@ cd "$top"
 . bench/conf.sh
 
 NGINX=${NGINX:-/usr/sbin/nginx}
+export REDIS_SERVER=${REDIS_SERVER:-redis-server}
+export REDIS_CLI=${REDIS_CLI:-redis-cli}
+REDIS_BENCHMARK=${REDIS_BENCHMARK:-redis-benchmark}
+NATIVE=${BENCH_NATIVE:-0}
+# the ACL user of BENCH_NATIVE=1: everything but scripting
+NATIVE_USER=benchnolua
+NATIVE_PASS=bench-$$-$RANDOM
 DIR=${BENCH_DIR:-/tmp/ngx-idempotency-bench}
 UPSTREAM_PORT=${BENCH_UPSTREAM_PORT:-18101}
 PLAIN_PORT=${BENCH_PLAIN_PORT:-18102}
@@ -133,7 +157,12 @@ DURATION=${BENCH_DURATION:-$d_dur}
 LARGE_DURATION=${BENCH_LARGE_DURATION:-$d_large}
 SWEEP_DURATION=${BENCH_SWEEP_DURATION:-$d_sweep}
 SWEEP_CONNS=${BENCH_SWEEP_CONNS:-32 256 1024}
-SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay sweep tls cluster wait floor}
+if [ "$NATIVE" = 1 ]; then
+    d_scen="fresh replay bypass large-fresh large-replay sweep wait floor"
+else
+    d_scen="fresh replay bypass large-fresh large-replay sweep tls cluster wait floor"
+fi
+SCENARIOS=${BENCH_SCENARIOS:-$d_scen}
 TOPO_ROUNDS=${BENCH_TOPO_ROUNDS:-$d_topo_rounds}
 TOPO_DURATION=${BENCH_TOPO_DURATION:-$d_topo}
 WAIT_TRIALS=${BENCH_WAIT_TRIALS:-$d_trials}
@@ -161,12 +190,17 @@ want_cluster() { want cluster-fresh || want cluster-replay; }
 
 # the edges this run needs: plain and module always (warm-up, MONITOR)
 EDGES="upstream plain module"
+if [ "$NATIVE" = 1 ] && { want_tls || want_cluster; }; then
+    echo "BENCH_NATIVE=1: the tls and cluster scenarios run on servers" \
+         "without the scripting-less user; leave them out of BENCH_SCENARIOS" >&2
+    exit 2
+fi
 want_tls && EDGES+=" tls"
 want_cluster && EDGES+=" cluster"
 has wait && EDGES+=" wait"
 ALL_EDGES="upstream plain module tls cluster wait"
 
-for t in wrk redis-server redis-cli curl openssl python3; do
+for t in wrk "$REDIS_SERVER" "$REDIS_CLI" curl openssl python3; do
     command -v "$t" >/dev/null || {
         echo "missing $t (make deps installs what the bench needs)" >&2; exit 1; }
 done
@@ -301,6 +335,13 @@ if [ "${BENCH_ENCRYPT:-0}" = 1 ]; then
             idempotency_encrypt_key $DIR/bench.key;"
 fi
 
+# BENCH_NATIVE=1: the module edges on the bench's Redis log in as the user
+# that may not run scripts
+AUTH=
+if [ "$NATIVE" = 1 ]; then
+    AUTH=" user=$NATIVE_USER password=$NATIVE_PASS"
+fi
+
 upstream_conf "$DIR" "$UPSTREAM_PORT" "$UPSTREAM_WORKERS"
 
 edge_conf "$DIR" plain "$PLAIN_PORT" "$UPSTREAM_PORT" "" \
@@ -312,7 +353,7 @@ edge_conf "$DIR" module "$MODULE_PORT" "$UPSTREAM_PORT" "load_module $module;" \
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0; "201 bypass bypass" 0;' \
     "            idempotency on;
-            idempotency_redis 127.0.0.1:$REDIS_PORT;$SEAL
+            idempotency_redis 127.0.0.1:$REDIS_PORT$AUTH;$SEAL
             ${BENCH_MODULE_DIRECTIVES:-}"
 
 # the module edges of the topology scenarios: the same as "module" but for
@@ -335,11 +376,25 @@ edge_conf "$DIR" wait "$WAIT_PORT" "$WAIT_UPSTREAM_PORT" "load_module $module;" 
     '$status $http_x_bench_expect $idempotency_status' \
     '        "201 new new" 0; "201 replay replay" 0;' \
     "            idempotency on;
-            idempotency_redis 127.0.0.1:$REDIS_PORT;
+            idempotency_redis 127.0.0.1:$REDIS_PORT$AUTH;
             idempotency_wait $WAIT_TIMEOUT;$SEAL"
 
 ./util/redis.sh start "$REDIS_PORT" >/dev/null
 REDIS_PID=$(cat "$REDIS_DIR/redis.pid")
+
+# BENCH_NATIVE=1: a server with SET IFEQ (an unknown option is a syntax
+# error elsewhere), and the user without scripting
+if [ "$NATIVE" = 1 ]; then
+    probe=$("$REDIS_CLI" -p "$REDIS_PORT" SET bench-ifeq-probe x IFEQ y 2>&1 || true)
+    "$REDIS_CLI" -p "$REDIS_PORT" DEL bench-ifeq-probe > /dev/null
+    if [[ $probe == *ERR* ]]; then
+        echo "BENCH_NATIVE=1: $("$REDIS_SERVER" --version | awk '{ print $1, $2, $3 }')" \
+             "has no SET IFEQ (Valkey 8.1 or later): $probe" >&2
+        exit 1
+    fi
+    "$REDIS_CLI" -p "$REDIS_PORT" ACL SETUSER "$NATIVE_USER" reset on \
+        ">$NATIVE_PASS" '~*' '&*' +@all -@scripting > /dev/null
+fi
 
 # topo_up NAME: a topology of util/topology.sh in TOPO_ROOT/NAME
 topo_up() {
@@ -367,7 +422,7 @@ if want_cluster; then
     CLUSTER_PIDS=$(for i in 11 12 13 14 15 16; do
                        topo_pid cluster $((TOPO_BASE + i)); done | tr '\n' ' ')
     # the masters, as the seed sees them (no failover happens in a bench)
-    CLUSTER_MASTERS=$(redis-cli -h 127.0.0.1 -p "$CLUSTER_SEED_PORT" CLUSTER NODES |
+    CLUSTER_MASTERS=$("$REDIS_CLI" -h 127.0.0.1 -p "$CLUSTER_SEED_PORT" CLUSTER NODES |
         awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }' | tr '\n' ' ')
     [ "$(wc -w <<< "$CLUSTER_MASTERS")" -eq 3 ] || {
         echo "expected 3 cluster masters, found: $CLUSTER_MASTERS" >&2; exit 1; }
@@ -451,7 +506,7 @@ redis_reset() {
 # The Redis a scenario uses (CTX): standalone (the bench's own), tls (TLS
 # only: redis-cli) or cluster (the masters, each asked in turn)
 tls_cli() {
-    redis-cli --no-auth-warning -h 127.0.0.1 -p "$TLS_REDIS_PORT" --tls \
+    "$REDIS_CLI" --no-auth-warning -h 127.0.0.1 -p "$TLS_REDIS_PORT" --tls \
         --cacert "$tls_dir/tls/ca.crt" --cert "$tls_dir/tls/client.crt" \
         --key "$tls_dir/tls/client.key" "$@" | tr -d '\r'
 }
@@ -586,7 +641,7 @@ seed() {
     fi
     # BENCH_ENCRYPT=1: what the module edge stored is sealed (state 5)
     if [ -n "$SEAL" ] && [ "${5:-$MODULE_PORT}" = "$MODULE_PORT" ]; then
-        got=$(redis-cli -p "$REDIS_PORT" GETRANGE \
+        got=$("$REDIS_CLI" -p "$REDIS_PORT" GETRANGE \
                   "idem:{$(printf '\0%s' "$1-1" | sha256sum | cut -d' ' -f1)}" 4 4 |
               head -c 1 | od -An -tu1 | tr -d ' \n')
         if [ "$got" != 5 ]; then
@@ -792,6 +847,18 @@ run() {
     fi
     [ "$dups" -eq 0 ] || { problems+=("$dups keys reached the upstream more than once"); ok=0; }
 
+    # BENCH_NATIVE=1: the module stored, renewed and released without a
+    # script (the bench's own INFO, FLUSHALL and seeding run none either)
+    if [ "$NATIVE" = 1 ]; then
+        local scripts
+        scripts=$(awk '/^cmdstat_(eval|evalsha|eval_ro|evalsha_ro|fcall|fcall_ro|script\|load):/ {
+                           split($0, a, /[:=,]/)
+                           n[FILENAME == ARGV[1]] += a[3]
+                       }
+                       END { print n[0] - n[1] }' "$s0.info" "$s1.info")
+        [ "$scripts" -eq 0 ] || { problems+=("$scripts script calls on the native path"); ok=0; }
+    fi
+
     if [ "$side" = plain ] && [ "$client" != 0.00 ]; then
         problems+=("plain edge run saw Redis commands"); ok=0
     fi
@@ -821,7 +888,7 @@ run() {
 monitor_sample() {
     local mon=$DIR/monitor.txt i args=()
     redis_reset
-    redis-cli -p "$REDIS_PORT" monitor > "$mon" 2>&1 &
+    "$REDIS_CLI" -p "$REDIS_PORT" monitor > "$mon" 2>&1 &
     monitor_pid=$!
     sleep 0.3
     redis 'ECHO fresh-start' > /dev/null
@@ -871,8 +938,12 @@ monitor_sample() {
 
 echo "== ngx_http_idempotency_module bench =="
 echo "machine: $NCPU cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), kernel $(uname -r)"
-echo "$("$NGINX" -v 2>&1), $(redis-server --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | head -1 | awk '{ print $1, $2 }')"
+echo "$("$NGINX" -v 2>&1), $("$REDIS_SERVER" --version | awk '{ print $1, $2, $3 }'), $(wrk --version 2>&1 | head -1 | awk '{ print $1, $2 }')"
 echo "module: $module"
+if [ "$NATIVE" = 1 ]; then
+    echo "store path: native compare-and-set (SET IFEQ GET): the module edges log in" \
+         "as $NATIVE_USER, an ACL user without @scripting (BENCH_NATIVE=1)"
+fi
 echo "edges: 1 worker each; upstream: $UPSTREAM_WORKERS workers; wrk -t$THREADS;" \
      "$ROUNDS round(s) of ${DURATION}s (large ${LARGE_DURATION}s, sweep ${SWEEP_DURATION}s)"
 echo "plain 127.0.0.1:$PLAIN_PORT, module 127.0.0.1:$MODULE_PORT," \
@@ -1068,7 +1139,7 @@ floor_cmd() {
     c=$(perl -e 'open my $o, ">&", \*STDOUT; open STDOUT, ">", "/dev/null";
                  system(@ARGV); my @t = times;
                  printf $o "%.0f", ($t[2] + $t[3]) * 1000000' \
-            redis-benchmark -p "$REDIS_PORT" -c 32 -n "$n" -q "$@")
+            "$REDIS_BENCHMARK" -p "$REDIS_PORT" -c 32 -n "$n" -q "$@")
     b=$(redis_cpu_us)
     printf '%s\t%.1f\n%s_client\t%.1f\n' \
         "$name" "$(echo "($b - $a) / $n" | bc -l)" \
@@ -1085,7 +1156,7 @@ floor_scenario() {
     floor_cmd set_large 3000 -t set -r 1000000000 -d "$LARGE_RESPONSE"
     redis_reset
     head -c "$LARGE_RESPONSE" /dev/zero | tr '\0' r |
-        redis-cli -p "$REDIS_PORT" -x SET floor-large > /dev/null
+        "$REDIS_CLI" -p "$REDIS_PORT" -x SET floor-large > /dev/null
     floor_cmd get_large 3000 GET floor-large
     redis_reset
 
@@ -1103,7 +1174,7 @@ floor_scenario() {
     sed 's/^/    /' "$FLOORS"
 }
 
-if has floor && command -v redis-benchmark > /dev/null; then
+if has floor && command -v "$REDIS_BENCHMARK" > /dev/null; then
     floor_scenario
 fi
 
@@ -1174,6 +1245,13 @@ summary() {
 } > "$DIR/summary.tsv"
 
 report() {
+    # another server or the native path: the report says which (the
+    # default's report is as it was)
+    if [ "$NATIVE" = 1 ] || [ "$REDIS_SERVER" != redis-server ]; then
+        echo "== $("$REDIS_SERVER" --version | awk '{ print $1, $2, $3 }'); store path:" \
+             "$([ "$NATIVE" = 1 ] && echo "native compare-and-set (BENCH_NATIVE=1)" ||
+                echo "scripts") =="
+    fi
     if [ -n "$SEAL" ]; then
         echo "== records sealed: idempotency_encrypt_key on every module edge (BENCH_ENCRYPT=1) =="
     else

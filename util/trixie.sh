@@ -40,6 +40,28 @@
 #   TRIXIE_TIMEOUT   seconds a run may take before it is killed (1200)
 #   TRIXIE_REBUILD=1 build the root anew even when its stamp matches
 #   TEST_FILES       passed to util/test.sh in the root (default: all)
+#
+# `util/trixie.sh bench` (`make bench-trixie`) runs the bench instead of
+# the suite, in the same root, overlay and namespaces: the module built
+# once in the root against trixie's nginx, then bench/run.sh once per
+# entry of TRIXIE_BENCH_RUNS, SERVER:PATH with SERVER redis (trixie's
+# redis-server, its redis-cli and redis-benchmark) or valkey (valkey-server,
+# valkey-cli, valkey-benchmark) and PATH scripts (the module's default
+# user: Lua scripts) or native (BENCH_NATIVE=1: an ACL user without
+# @scripting, so SET IFEQ; Valkey 8.1 and later).  The list is run
+# TRIXIE_BENCH_REPEAT times over, one entry after the other, so that the
+# machine's other load falls on every entry alike.  Bench knobs:
+#   TRIXIE_BENCH_RUNS    ("valkey:scripts valkey:native redis:scripts")
+#   TRIXIE_BENCH_REPEAT  (1)
+#   BENCH_SCENARIOS      ("fresh replay bypass large-fresh large-replay")
+#   BENCH_ROUNDS, BENCH_DURATION, BENCH_LARGE_DURATION, BENCH_QUICK,
+#   BENCH_SWEEP_CONNS, BENCH_ENCRYPT, BENCH_MODULE_DIRECTIVES: passed on
+#   TRIXIE_TIMEOUT       seconds each bench run may take (1800)
+# Each run's results (bench/run.sh's BENCH_DIR: report.txt, runs.tsv,
+# summary.tsv, wrk/) go to TRIXIE_OUT/bench/N-SERVER-PATH, the whole log to
+# TRIXIE_OUT/bench.log; the summary (TRIXIE_OUT/bench-summary.txt) has
+# each run's module/plain throughput ratios and Redis CPU per request,
+# then per entry the medians over every round of every repeat.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,10 +70,25 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 self=$top/util/trixie.sh
 me=${0##*/}
 
+mode='test'
+if [ "${1:-}" = bench ]; then
+    mode=bench
+    shift
+fi
 root=${TRIXIE_ROOT:-/var/cache/ngx-idempotency/trixie-root}
 servers=${TRIXIE_SERVERS:-redis valkey}
 out=${TRIXIE_OUT:-$top/build/trixie}
-run_timeout=${TRIXIE_TIMEOUT:-1200}
+if [ "$mode" = bench ]; then
+    run_timeout=${TRIXIE_TIMEOUT:-1800}
+else
+    run_timeout=${TRIXIE_TIMEOUT:-1200}
+fi
+bench_runs=${TRIXIE_BENCH_RUNS:-valkey:scripts valkey:native redis:scripts}
+bench_repeat=${TRIXIE_BENCH_REPEAT:-1}
+# what bench/run.sh reads that the bench mode passes on into the root
+bench_knobs=(BENCH_SCENARIOS BENCH_ROUNDS BENCH_DURATION BENCH_LARGE_DURATION
+             BENCH_QUICK BENCH_SWEEP_CONNS BENCH_SWEEP_DURATION BENCH_ENCRYPT
+             BENCH_MODULE_DIRECTIVES BENCH_UPSTREAM_WORKERS)
 setup_timeout=1200
 release=trixie
 stamp_file=.ngx-idempotency-stamp
@@ -97,7 +134,7 @@ inside() {
     shift
     trap 'umount -R "$root/proc" "$root/dev/shm" "$root/dev/pts" \
               "$root/dev" "$root/sys" "$root/tmp" 2>/dev/null || true
-          [ "$inside_what" != run ] || umount -R "$root" "${root%/merged}" \
+          [ "$inside_what" = setup ] || umount -R "$root" "${root%/merged}" \
               2>/dev/null || true' EXIT
     case $inside_what in
         setup)
@@ -105,20 +142,7 @@ inside() {
             inside_setup "$@"
             ;;
         run)
-            # the kept root stays as it is: the run writes to a tmpfs
-            # overlay on it (the package test installs and purges a
-            # package, the build writes to /build/repo)
-            local run_dir=$root.run
-            mount -t tmpfs -o mode=755,size=8g tmpfs "$run_dir"
-            mkdir "$run_dir/upper" "$run_dir/work" "$run_dir/merged"
-            mount -t overlay overlay -o "lowerdir=$root" \
-                -o "upperdir=$run_dir/upper,workdir=$run_dir/work" \
-                "$run_dir/merged"
-            root=$run_dir/merged
-            copy_checkout "$root/build/repo"
-            mount_root
-            # the new network namespace has only lo, down until now
-            in_root ip link set lo up
+            overlay_root
             local server=$1
             local envs=()
             case $server in
@@ -138,7 +162,65 @@ inside() {
             [ ! -d "$root/tmp/tap" ] || cp -r "$root/tmp/tap" "$out/tap-$server"
             return $rc
             ;;
+        bench)
+            overlay_root
+            inside_bench "$@"
+            ;;
     esac
+}
+
+# overlay_root: the kept root stays as it is: a run writes to a tmpfs
+# overlay on it (the package test installs and purges a package, the build
+# writes to /build/repo), with the checkout in /build/repo, lo up
+overlay_root() {
+    local run_dir=$root.run
+    mount -t tmpfs -o mode=755,size=8g tmpfs "$run_dir"
+    mkdir "$run_dir/upper" "$run_dir/work" "$run_dir/merged"
+    mount -t overlay overlay -o "lowerdir=$root" \
+        -o "upperdir=$run_dir/upper,workdir=$run_dir/work" \
+        "$run_dir/merged"
+    root=$run_dir/merged
+    copy_checkout "$root/build/repo"
+    mount_root
+    # the new network namespace has only lo, down until now
+    in_root ip link set lo up
+}
+
+# inside_bench RUN...: the module built once, then bench/run.sh per RUN
+# (N:SERVER:PATH), each run's BENCH_DIR copied to $out/bench/N-SERVER-PATH
+inside_bench() {
+    local spec n server path envs k rc=0 dir
+    in_root timeout -k 30 "$run_timeout" make -C /build/repo module ||
+        return 1
+    rm -rf "$out/bench"
+    mkdir -p "$out/bench"
+    for spec in "$@"; do
+        IFS=: read -r n server path <<< "$spec"
+        envs=()
+        case $server in
+            redis) ;;
+            valkey)
+                envs=(REDIS_SERVER=valkey-server REDIS_CLI=valkey-cli
+                      REDIS_BENCHMARK=valkey-benchmark)
+                ;;
+        esac
+        [ "$path" != native ] || envs+=(BENCH_NATIVE=1)
+        envs+=("BENCH_SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay}")
+        for k in "${bench_knobs[@]}"; do
+            [ "$k" = BENCH_SCENARIOS ] || [ -z "${!k:-}" ] ||
+                envs+=("$k=${!k}")
+        done
+        dir=/tmp/bench-$n-$server-$path
+        echo "== trixie bench $n: $server, $path path ($(date -u +%H:%M:%S) UTC," \
+             "load average $(cut -d' ' -f1-3 /proc/loadavg))"
+        in_root "${envs[@]}" BENCH_DIR="$dir" timeout -k 30 "$run_timeout" \
+            /build/repo/bench/run.sh \
+            /build/repo/build/ngx_http_idempotency_module.so || rc=1
+        cp -r "$root$dir" "$out/bench/$n-$server-$path" 2>/dev/null || rc=1
+        in_root "$server-server" --version \
+            > "$out/bench/$n-$server-$path/server.txt" 2>&1 || true
+    done
+    return $rc
 }
 
 # inside_setup: the packages, in the root: extra_pkgs, util/deps.sh's,
@@ -299,7 +381,8 @@ ns() {
     shift
     if [ "$1" = --net ]; then
         net=(--net)
-        limit=$((run_timeout + 120))   # the run's own timeout comes first
+        # the run's own timeout comes first (the bench: one per run)
+        limit=$((${ns_runs:-1} * run_timeout + 120))
         shift
     fi
     # in the background, so that a signal reaches the traps at once
@@ -409,6 +492,113 @@ EOF
     [ -z "$(mounts_under "$root")" ] || die "$root has mounts: refusing"
     rm -rf --one-file-system "$root"
     mv "$new" "$root"
+fi
+
+# ------------------------------------------------------------ the bench
+
+# bench_summary: per run, then per entry of TRIXIE_BENCH_RUNS over every
+# round of every repeat: the median module/plain throughput ratio of the
+# rounds and the median Redis CPU per request of the module runs
+bench_summary() {
+    local d
+    echo "== make bench-trixie: Debian 13 ($release), nginx" \
+         "$(chroot "$root" nginx -v 2>&1 | sed 's/.*nginx\///'), $(nproc) cores"
+    echo "   ratio = module/plain r/s (median of the rounds); redis = us of" \
+         "server CPU per module request (median)"
+    for d in "$out"/bench/*/; do
+        [ -f "$d/runs.tsv" ] || continue
+        awk -F'\t' -v run="$(basename "$d")" \
+            -v ver="$(awk '{ print $1, $3 }' "$d/server.txt" 2>/dev/null)" '
+        function median(list,   a, n, i, j, t) {
+            n = split(list, a, " ")
+            for (i = 2; i <= n; i++)
+                for (j = i; j > 1 && a[j] + 0 < a[j - 1] + 0; j--) {
+                    t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+                }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        NR > 1 {
+            k = $1; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
+            rps[k, $3, $4] = $7
+            if ($4 == "module") rd[k] = rd[k] " " $11
+            if ($3 > rounds[k]) rounds[k] = $3
+            if ($18 != 1) bad++
+        }
+        END {
+            printf "%-22s %-14s", run, ver
+            for (i = 1; i <= nk; i++) {
+                k = order[i]; r = ""
+                for (j = 1; j <= rounds[k]; j++)
+                    if (rps[k, j, "plain"] > 0)
+                        r = r " " rps[k, j, "module"] / rps[k, j, "plain"]
+                printf "  %s %.2f (redis %.1f)", k, median(r), median(rd[k])
+            }
+            printf "%s\n", bad ? "  CHECKS FAILED" : ""
+        }' "$d/runs.tsv"
+    done
+    echo
+    echo "   per entry, over every round of every repeat: ratio [each round]," \
+         "redis us/req"
+    local spec
+    for spec in $bench_runs; do
+        awk -F'\t' -v spec="$spec" '
+        function median(list,   a, n, i, j, t) {
+            n = split(list, a, " ")
+            for (i = 2; i <= n; i++)
+                for (j = i; j > 1 && a[j] + 0 < a[j - 1] + 0; j--) {
+                    t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+                }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        FNR == 1 { f++; next }
+        {
+            k = $1; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
+            rps[k, f, $3, $4] = $7
+            if ($4 == "module") rd[k] = rd[k] " " $11
+            if ($3 > rounds[k, f]) rounds[k, f] = $3
+        }
+        END {
+            for (i = 1; i <= nk; i++) {
+                k = order[i]; r = ""; each = ""
+                for (g = 1; g <= f; g++)
+                    for (j = 1; j <= rounds[k, g]; j++)
+                        if (rps[k, g, j, "plain"] > 0) {
+                            x = rps[k, g, j, "module"] / rps[k, g, j, "plain"]
+                            r = r " " x; each = each sprintf(" %.2f", x)
+                        }
+                printf "   %-15s %-13s %5.2f [%s ]  redis %6.1f\n", spec, k,
+                    median(r), each, median(rd[k])
+            }
+        }' "$out"/bench/*-"${spec%%:*}"-"${spec#*:}"/runs.tsv
+    done
+}
+
+if [ "$mode" = bench ]; then
+    specs=()
+    for ((i = 1; i <= bench_repeat; i++)); do
+        for spec in $bench_runs; do
+            case $spec in
+                redis:scripts|valkey:scripts|valkey:native|redis:native) ;;
+                *) die "TRIXIE_BENCH_RUNS: $spec is not SERVER:PATH" \
+                       "(redis or valkey, scripts or native)" ;;
+            esac
+            specs+=("$(( ${#specs[@]} + 1 )):$spec")
+        done
+    done
+    log=$out/bench.log
+    echo "== trixie bench: ${specs[*]} (log: $log)"
+    mkdir -p "$root.run"
+    ns_runs=$((${#specs[@]} + 1))
+    rc=0
+    # in this shell (not a pipeline's), so that the exit trap knows ns_pid
+    ns "$root" --net bench "${specs[@]}" > >(tee "$log") 2>&1 || rc=$?
+    left=$(procs_in "$root"; procs_in "$root.run/merged")
+    [ -z "$left" ] || { echo "$me: processes left in the root: $left" >&2; rc=1; }
+    echo
+    bench_summary | tee "$out/bench-summary.txt"
+    echo "   total: $(($(now) - t_start)) s"
+    [ "$rc" -eq 0 ] || echo "$me: a bench run failed (exit $rc): see $log"
+    exit "$rc"
 fi
 
 # ------------------------------------------------------------- the runs
