@@ -2,7 +2,8 @@
 # and later) an ACL user who may not run scripts keeps every guarantee:
 # every finish, renewal, release and take-over is a native command,
 # checked here by the server's own command statistics.  A finish that finds
-# the owner's claim under another lease word compares again.  On other
+# the owner's claim under another lease word compares again.  The admin's
+# purge reads the record and deletes exactly what it read.  On other
 # servers the script path is the whole suite's, and t/015 checks that a
 # scripting-blocked server without IFEQ claims nothing.
 # Plain Test::More: its own nginx instances (an edge and an origin).
@@ -92,6 +93,14 @@ my $dir = nginx_conf('edge', <<"EOC", 2);
             idempotency_on_unknown forward;
             proxy_pass http://127.0.0.1:$origin_port/;
         }
+        location = /admin {
+            idempotency_admin;
+            idempotency_redis_prefix "cas:";
+        }
+        location = /admin-held {
+            idempotency_admin;
+            idempotency_redis_prefix "held:";
+        }
     }
 EOC
 nginx_start($dir);
@@ -109,6 +118,16 @@ sub stats {
         $n{$1} = $2 if /^cmdstat_(\w+(?:\|\w+)?):calls=(\d+)/;
     }
     return \%n;
+}
+
+sub admin {
+    my ($method, $path) = @_;
+    my $s = IO::Socket::INET->new("127.0.0.1:$edge") or return {};
+    print $s "$method $path HTTP/1.0\r\nHost: x\r\n\r\n";
+    local $/;
+    my $res = <$s> // '';
+    my ($status) = $res =~ m{^HTTP/1\.\d (\d+)};
+    return { status => $status // 0 };
 }
 
 sub raw_redis {    # a command with binary arguments, by RESP
@@ -214,6 +233,45 @@ redis_cli('CONFIG', 'RESETSTAT');
     is(idem_status($g), '200 new', 'forward: a retry takes the key over');
     is($g->{body}, "reconciled\n", '...told of the unknown outcome');
     is(idem_status($h), '200 replay', '...and its answer is stored');
+}
+
+# 6. the admin's purge without a script: a completed record is deleted
+#    and its key runs again; a claim in progress is refused (409) unless
+#    forced; a key without a record is 404
+{
+    my $t = time;
+    my $a = http_post($edge, "cas-g-$t", 'x', '/quick');
+    is(admin('GET', "/admin?key=cas-g-$t")->{status}, 200,
+       'the admin sees the record');
+    is(admin('DELETE', "/admin?key=cas-g-$t")->{status}, 204,
+       'DELETE of a completed record: 204');
+    sleep 0.05;
+    is(admin('GET', "/admin?key=cas-g-$t")->{status}, 404, '...it is gone');
+    my $b = http_post($edge, "cas-g-$t", 'x', '/quick');
+    is(idem_status($a) . ', ' . idem_status($b), '201 new, 201 new',
+       '...and the key runs again');
+    is(admin('DELETE', "/admin?key=cas-none-$t")->{status}, 404,
+       'DELETE without a record: 404');
+
+    my $pid = fork // die;
+    if (!$pid) {
+        http_post($edge, "cas-h-$t", 'x', '/held/slow', '', 10);
+        exit 0;
+    }
+    my $seen = 0;
+    for (1 .. 40) {
+        $seen = admin('GET', "/admin-held?key=cas-h-$t")->{status} == 200
+            and last;
+        sleep 0.05;
+    }
+    ok($seen, 'a claim in progress is there');
+    is(admin('DELETE', "/admin-held?key=cas-h-$t")->{status}, 409,
+       'DELETE of a claim in progress: 409');
+    is(admin('DELETE', "/admin-held?key=cas-h-$t&force=1")->{status}, 204,
+       '...unless &force=1');
+    waitpid $pid, 0;
+    is(scalar(grep { /record purged by .*\(forced\)/ }
+              lines_of("$dir/logs/error.log")), 1, 'the forced purge logged');
 }
 
 # none of it ran a script: the module's user may not, and needs not

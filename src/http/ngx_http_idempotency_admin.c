@@ -42,6 +42,12 @@ static void ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_admin_purge_read(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_admin_purge_set(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_admin_purged(
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t result);
 static ngx_int_t ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, long long pttl, ngx_buf_t **out);
 static u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
@@ -261,6 +267,18 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
         return NGX_ERROR;
     }
 
+    if (del && ngx_http_idempotency_native_cas(ctx->conf->redis)) {
+        /* no script: read, then delete only what was read */
+        op->handler = ngx_http_idempotency_admin_purge_read;
+
+        if (ngx_http_idempotency_fetch_command(op, &ctx->rkey) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        ctx->get = op;
+        return NGX_OK;
+    }
+
     if (del) {
         op->handler = ngx_http_idempotency_admin_deleted;
 
@@ -376,14 +394,11 @@ ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
 {
     ngx_http_idempotency_admin_ctx_t *ctx = op->data;
 
-    ngx_http_request_t  *r;
-
     if (ctx == NULL) {
         return;
     }
 
     ctx->get = NULL;
-    r = ctx->request;
 
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
         ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
@@ -391,7 +406,128 @@ ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    switch (reply->integer) {
+    ngx_http_idempotency_admin_purged(ctx, (ngx_int_t) reply->integer);
+}
+
+
+/* the record as read: nothing there, a claim in progress, or deleted */
+
+static void
+ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
+
+    if (ctx == NULL) {
+        return;
+    }
+
+    ctx->get = NULL;
+
+    if (reply == NULL
+        || (reply->type != REDIS_REPLY_STRING
+            && reply->type != REDIS_REPLY_NIL))
+    {
+        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          NULL);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_NIL) {
+        ngx_http_idempotency_admin_purged(ctx, 0);
+        return;
+    }
+
+    if (!ngx_http_idempotency_purge_allowed((u_char *) reply->str,
+                                            reply->len, ctx->force))
+    {
+        ngx_http_idempotency_admin_purged(ctx, -1);
+        return;
+    }
+
+    /* kept to compare with what the delete finds */
+
+    ctx->value = ngx_pnalloc(ctx->request->pool, reply->len);
+    if (ctx->value == NULL) {
+        ngx_http_idempotency_admin_finish(ctx,
+                                          NGX_HTTP_INTERNAL_SERVER_ERROR,
+                                          NULL);
+        return;
+    }
+
+    ngx_memcpy(ctx->value, reply->str, reply->len);
+    ctx->len = reply->len;
+
+    op = ngx_http_idempotency_admin_op(ctx);
+
+    if (op) {
+        op->handler = ngx_http_idempotency_admin_purge_set;
+
+        if (ngx_http_idempotency_purge_native_command(op, &ctx->rkey,
+                                                      ctx->value, ctx->len)
+            == NGX_OK)
+        {
+            ctx->get = op;
+            return;
+        }
+    }
+
+    ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                      NULL);
+}
+
+
+/*
+ * what the delete found: what was read (deleted), nothing (gone since), or
+ * something else (a new claim or record since: not deleted, look again)
+ */
+
+static void
+ngx_http_idempotency_admin_purge_set(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
+
+    if (ctx == NULL) {
+        return;
+    }
+
+    ctx->get = NULL;
+
+    if (reply == NULL
+        || (reply->type != REDIS_REPLY_STRING
+            && reply->type != REDIS_REPLY_NIL))
+    {
+        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          NULL);
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_NIL) {
+        ngx_http_idempotency_admin_purged(ctx, 0);
+        return;
+    }
+
+    ngx_http_idempotency_admin_purged(ctx,
+                                      ((size_t) reply->len == ctx->len
+                                       && ngx_memcmp(reply->str, ctx->value,
+                                                     ctx->len)
+                                          == 0)
+                                      ? 1 : -1);
+}
+
+
+/* 1: purged; 0: no record; -1: a claim in progress, not purged */
+
+static void
+ngx_http_idempotency_admin_purged(ngx_http_idempotency_admin_ctx_t *ctx,
+    ngx_int_t result)
+{
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    switch (result) {
 
     case 1:
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,

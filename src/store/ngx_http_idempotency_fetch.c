@@ -3,7 +3,9 @@
  * Copyright (C) The ngx_http_idempotency_module authors
  *
  * What an operator reads of a key, or purges: the record as it is and its
- * time to live, or the record deleted unless a claim is in progress.
+ * time to live, or the record deleted unless a claim is in progress: by
+ * the purge script, or, where scripting is forbidden and the server
+ * compares and sets natively, by a read and the delete of what was read.
  */
 
 
@@ -83,4 +85,61 @@ ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
     argvlen[4] = 1;
 
     return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);
+}
+
+
+/*
+ * Without a script: what was read may be purged unless it is a claim in
+ * progress (a claim that is no unknown outcome), as the script decides;
+ * anything with force.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
+    ngx_uint_t force)
+{
+    ngx_uint_t  status;
+
+    if (force || len < 5 || value[4] != NGX_HTTP_IDEMPOTENCY_REC_CLAIM) {
+        return 1;
+    }
+
+    return len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+           && ngx_http_idempotency_lease_read(value, &status, 0, 0)
+              == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN;
+}
+
+
+/*
+ * The delete of exactly what was read: SET <key> <value> IFEQ <value> GET
+ * PX 1, the record set to itself for a millisecond (no DELIFEQ before
+ * Valkey 9).  The old value comes back, matched or not: the caller
+ * compares it with what it read.  On NGX_ERROR the op has been freed.
+ */
+
+ngx_int_t
+ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
+    ngx_str_t *rkey, u_char *value, size_t len)
+{
+    size_t       argvlen[8];
+    const char  *argv[8];
+
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = (const char *) rkey->data;
+    argvlen[1] = rkey->len;
+    argv[2] = (const char *) value;
+    argvlen[2] = len;
+    argv[3] = "IFEQ";
+    argvlen[3] = 4;
+    argv[4] = (const char *) value;
+    argvlen[4] = len;
+    argv[5] = "GET";
+    argvlen[5] = 3;
+    argv[6] = "PX";
+    argvlen[6] = 2;
+    argv[7] = "1";
+    argvlen[7] = 1;
+
+    return ngx_http_idempotency_redis_command(op, 8, argv, argvlen);
 }

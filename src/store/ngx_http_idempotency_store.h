@@ -272,6 +272,11 @@ ngx_int_t ngx_http_idempotency_fetch_ttl_command(
     ngx_http_idempotency_op_t *op, ngx_str_t *rkey);
 ngx_int_t ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, ngx_uint_t force);
+ngx_uint_t ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
+    ngx_uint_t force);
+ngx_int_t ngx_http_idempotency_purge_native_command(
+    ngx_http_idempotency_op_t *op, ngx_str_t *rkey, u_char *value,
+    size_t len);
 
 /* seen.c: which key first carried a request */
 ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,
