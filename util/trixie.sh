@@ -501,14 +501,8 @@ fi
 # rounds and the median Redis CPU per request of the module runs
 bench_summary() {
     local d
-    echo "== make bench-trixie: Debian 13 ($release), nginx" \
-         "$(chroot "$root" nginx -v 2>&1 | sed 's/.*nginx\///'), $(nproc) cores"
-    echo "   ratio = module/plain r/s (median of the rounds); redis = us of" \
-         "server CPU per module request (median)"
-    for d in "$out"/bench/*/; do
-        [ -f "$d/runs.tsv" ] || continue
-        awk -F'\t' -v run="$(basename "$d")" \
-            -v ver="$(awk '{ print $1, $3 }' "$d/server.txt" 2>/dev/null)" '
+    # the median of a space-separated list, for both tables
+    local median='
         function median(list,   a, n, i, j, t) {
             n = split(list, a, " ")
             for (i = 2; i <= n; i++)
@@ -516,7 +510,16 @@ bench_summary() {
                     t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
                 }
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
+        }'
+    echo "== make bench-trixie: Debian 13 ($release), nginx" \
+         "$(chroot "$root" nginx -v 2>&1 | sed 's/.*nginx\///'), $(nproc) cores"
+    echo "   ratio = module/plain r/s (median of the rounds); redis = us of" \
+         "server CPU per module request (median)"
+    for d in "$out"/bench/*/; do
+        [ -f "$d/runs.tsv" ] || continue
+        awk -F'\t' -v run="$(basename "$d")" \
+            -v ver="$(awk '{ print $1, $3 }' "$d/server.txt" 2>/dev/null)" \
+            "$median"'
         NR > 1 {
             k = $1; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
             rps[k, $3, $4] = $7
@@ -541,15 +544,7 @@ bench_summary() {
          "redis us/req"
     local spec
     for spec in $bench_runs; do
-        awk -F'\t' -v spec="$spec" '
-        function median(list,   a, n, i, j, t) {
-            n = split(list, a, " ")
-            for (i = 2; i <= n; i++)
-                for (j = i; j > 1 && a[j] + 0 < a[j - 1] + 0; j--) {
-                    t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
-                }
-            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
+        awk -F'\t' -v spec="$spec" "$median"'
         FNR == 1 { f++; next }
         {
             k = $1; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }

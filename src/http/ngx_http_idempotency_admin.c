@@ -46,6 +46,8 @@ static void ngx_http_idempotency_admin_purge_read(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_admin_purge_set(
     ngx_http_idempotency_op_t *op, redisReply *reply);
+static ngx_http_idempotency_admin_ctx_t *ngx_http_idempotency_admin_value(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_admin_purged(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t result);
 static ngx_int_t ngx_http_idempotency_admin_json(ngx_http_request_t *r,
@@ -271,7 +273,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
         /* no script: read, then delete only what was read */
         op->handler = ngx_http_idempotency_admin_purge_read;
 
-        if (ngx_http_idempotency_fetch_command(op, &ctx->rkey) != NGX_OK) {
+        if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 0) != NGX_OK) {
             return NGX_ERROR;
         }
 
@@ -294,7 +296,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
 
     op->handler = ngx_http_idempotency_admin_got;
 
-    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey) != NGX_OK) {
+    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 0) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -307,7 +309,7 @@ ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
 
     op->handler = ngx_http_idempotency_admin_pttl;
 
-    if (ngx_http_idempotency_fetch_ttl_command(op, &ctx->rkey) != NGX_OK) {
+    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 1) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -410,31 +412,49 @@ ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
 }
 
 
-/* the record as read: nothing there, a claim in progress, or deleted */
+/*
+ * the reply to a purge's read or delete, if it is a value: else answered,
+ * no record (404) or Redis unavailable (503), or nobody waits
+ */
 
-static void
-ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
+static ngx_http_idempotency_admin_ctx_t *
+ngx_http_idempotency_admin_value(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_http_idempotency_admin_ctx_t *ctx = op->data;
 
     if (ctx == NULL) {
-        return;
+        return NULL;
     }
 
     ctx->get = NULL;
 
-    if (reply == NULL
-        || (reply->type != REDIS_REPLY_STRING
-            && reply->type != REDIS_REPLY_NIL))
-    {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
-        return;
+    if (reply && reply->type == REDIS_REPLY_STRING) {
+        return ctx;
     }
 
-    if (reply->type == REDIS_REPLY_NIL) {
+    if (reply && reply->type == REDIS_REPLY_NIL) {
         ngx_http_idempotency_admin_purged(ctx, 0);
+
+    } else {
+        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          NULL);
+    }
+
+    return NULL;
+}
+
+
+/* the record as read: a claim in progress, or deleted */
+
+static void
+ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_admin_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_admin_value(op, reply);
+    if (ctx == NULL) {
         return;
     }
 
@@ -486,25 +506,10 @@ static void
 ngx_http_idempotency_admin_purge_set(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
+    ngx_http_idempotency_admin_ctx_t  *ctx;
 
+    ctx = ngx_http_idempotency_admin_value(op, reply);
     if (ctx == NULL) {
-        return;
-    }
-
-    ctx->get = NULL;
-
-    if (reply == NULL
-        || (reply->type != REDIS_REPLY_STRING
-            && reply->type != REDIS_REPLY_NIL))
-    {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
-        return;
-    }
-
-    if (reply->type == REDIS_REPLY_NIL) {
-        ngx_http_idempotency_admin_purged(ctx, 0);
         return;
     }
 

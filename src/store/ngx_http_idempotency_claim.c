@@ -34,10 +34,9 @@ ngx_int_t
 ngx_http_idempotency_claim_command(ngx_http_idempotency_key_op_t *kop,
     ngx_str_t *rkey, u_char *claim, ngx_msec_t ttl, ngx_uint_t *mode)
 {
-    int          argc;
     u_char       px[NGX_INT_T_LEN];
-    size_t       argvlen[7];
-    const char  *argv[7];
+    size_t       argvlen[6];
+    const char  *argv[6];
 
     if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
         && kop->op.redis->nx_get_refused)
@@ -48,54 +47,68 @@ ngx_http_idempotency_claim_command(ngx_http_idempotency_key_op_t *kop,
     /* sent again as it is after a broken connection: claims are the same */
     kop->op.resend = 1;
 
+    if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET) {
+        return ngx_http_idempotency_set_nx_get(&kop->op, rkey, claim,
+                                               NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
+                                               ttl);
+    }
+
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
     argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
 
-    switch (*mode) {
-
-    case NGX_HTTP_IDEMPOTENCY_CLAIM_SET:
-        argv[0] = "SET";
-        argvlen[0] = 3;
-        argv[1] = (const char *) rkey->data;
-        argvlen[1] = rkey->len;
-        argv[2] = (const char *) claim;
-        argvlen[2] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-        argv[3] = "NX";
-        argvlen[3] = 2;
-        argv[4] = "GET";
-        argvlen[4] = 3;
-        argv[5] = "PX";
-        argvlen[5] = 2;
-        argv[6] = (const char *) px;
-        argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
-        argc = 7;
-        break;
-
-    case NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA:
+    if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA) {
         argv[0] = "EVALSHA";
         argvlen[0] = 7;
         argv[1] = (const char *) ngx_http_idempotency_claim_sha;
         argvlen[1] = 40;
-        goto script;
 
-    default: /* NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL */
+    } else {
         argv[0] = "EVAL";
         argvlen[0] = 4;
         argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
         argvlen[1] = ngx_http_idempotency_claim_script.len;
-
-    script:
-        argv[2] = "1";
-        argvlen[2] = 1;
-        argv[5] = (const char *) px;
-        argvlen[5] = ngx_http_idempotency_decimal(px, ttl) - px;
-        argc = 6;
-        break;
     }
 
-    return ngx_http_idempotency_redis_command(&kop->op, argc, argv, argvlen);
+    argv[2] = "1";
+    argvlen[2] = 1;
+    argv[5] = (const char *) px;
+    argvlen[5] = ngx_http_idempotency_decimal(px, ttl) - px;
+
+    return ngx_http_idempotency_redis_command(&kop->op, 6, argv, argvlen);
+}
+
+
+/*
+ * SET <key> <value> NX GET PX <ttl>: set where nothing is, and what is
+ * there back (nil: set).  On NGX_ERROR the op has been freed.
+ */
+
+ngx_int_t
+ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
+    ngx_str_t *key, u_char *value, size_t len, ngx_msec_t ttl)
+{
+    u_char       px[NGX_INT_T_LEN];
+    size_t       argvlen[7];
+    const char  *argv[7];
+
+    argv[0] = "SET";
+    argvlen[0] = 3;
+    argv[1] = (const char *) key->data;
+    argvlen[1] = key->len;
+    argv[2] = (const char *) value;
+    argvlen[2] = len;
+    argv[3] = "NX";
+    argvlen[3] = 2;
+    argv[4] = "GET";
+    argvlen[4] = 3;
+    argv[5] = "PX";
+    argvlen[5] = 2;
+    argv[6] = (const char *) px;
+    argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
+
+    return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
 }
 
 

@@ -30,35 +30,20 @@ static ngx_str_t  ngx_http_idempotency_purge_script = ngx_string(
 );
 
 
-/* the record as Redis holds it: nil, a claim, an unknown outcome, done */
+/*
+ * The record as Redis holds it (GET: nil, a claim, an unknown outcome,
+ * done), or its time to live (PTTL, in milliseconds: -2 gone, -1 none).
+ */
 
 ngx_int_t
 ngx_http_idempotency_fetch_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey)
+    ngx_str_t *rkey, ngx_uint_t ttl)
 {
     size_t       argvlen[2];
     const char  *argv[2];
 
-    argv[0] = "GET";
-    argvlen[0] = 3;
-    argv[1] = (const char *) rkey->data;
-    argvlen[1] = rkey->len;
-
-    return ngx_http_idempotency_redis_command(op, 2, argv, argvlen);
-}
-
-
-/* its time to live, in milliseconds: -2 gone, -1 none */
-
-ngx_int_t
-ngx_http_idempotency_fetch_ttl_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey)
-{
-    size_t       argvlen[2];
-    const char  *argv[2];
-
-    argv[0] = "PTTL";
-    argvlen[0] = 4;
+    argv[0] = ttl ? "PTTL" : "GET";
+    argvlen[0] = ttl ? 4 : 3;
     argv[1] = (const char *) rkey->data;
     argvlen[1] = rkey->len;
 
@@ -124,16 +109,8 @@ ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
     size_t       argvlen[8];
     const char  *argv[8];
 
-    argv[0] = "SET";
-    argvlen[0] = 3;
-    argv[1] = (const char *) rkey->data;
-    argvlen[1] = rkey->len;
-    argv[2] = (const char *) value;
-    argvlen[2] = len;
-    argv[3] = "IFEQ";
-    argvlen[3] = 4;
-    argv[4] = (const char *) value;
-    argvlen[4] = len;
+    ngx_http_idempotency_cas_args(argv, argvlen, rkey, value, len, value);
+    argvlen[4] = len;       /* compared with the whole record */
     argv[5] = "GET";
     argvlen[5] = 3;
     argv[6] = "PX";

@@ -245,6 +245,8 @@ ngx_int_t ngx_http_idempotency_claim_result(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t *mode, redisReply *reply,
     u_char *claim, ngx_log_t *log);
 ngx_uint_t ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim);
+ngx_int_t ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
+    ngx_str_t *key, u_char *value, size_t len, ngx_msec_t ttl);
 ngx_int_t ngx_http_idempotency_claim_allowed(
     ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
@@ -267,9 +269,7 @@ ngx_int_t ngx_http_idempotency_durable_result(
 
 /* fetch.c: what an operator reads of a key, or purges */
 ngx_int_t ngx_http_idempotency_fetch_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey);
-ngx_int_t ngx_http_idempotency_fetch_ttl_command(
-    ngx_http_idempotency_op_t *op, ngx_str_t *rkey);
+    ngx_str_t *rkey, ngx_uint_t ttl);
 ngx_int_t ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, ngx_uint_t force);
 ngx_uint_t ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
