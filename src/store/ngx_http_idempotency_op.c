@@ -46,16 +46,18 @@ ngx_http_idempotency_key_op_alloc(ngx_http_idempotency_redis_t *redis,
 ngx_http_idempotency_key_op_t *
 ngx_http_idempotency_key_op_copy(ngx_http_idempotency_key_op_t *from)
 {
-    ngx_str_t                       rkey;
+    ngx_http_idempotency_op_t      *op;
     ngx_http_idempotency_key_op_t  *kop;
 
-    rkey.data = from->op.rkey;
-    rkey.len = from->op.rkey_len;
-
-    kop = ngx_http_idempotency_key_op_alloc(from->op.redis, &rkey);
-    if (kop == NULL) {
+    op = ngx_http_idempotency_op_alloc(from->op.redis);
+    if (op == NULL) {
         return NULL;
     }
+
+    kop = ngx_http_idempotency_key_op(op);
+
+    op->rkey_len = from->op.rkey_len;
+    ngx_memcpy(op->rkey, from->op.rkey, from->op.rkey_len);
 
     ngx_memcpy((u_char *) kop + sizeof(ngx_http_idempotency_op_t),
                (u_char *) from + sizeof(ngx_http_idempotency_op_t),
