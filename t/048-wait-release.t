@@ -97,8 +97,77 @@ is(idem_status(http_post($port, $key, 'x')), '201 new',
 is(upstream_runs($dir)->{$key}, 1, '...once');
 
 nginx_stop($dir);
-undef $dir;
 is(join('', log_problems("$root/nginx/logs/error.log")), '',
+   'no crash, no alert');
+
+# A WAIT held by the server is not a dead connection.  With the replica
+# paused every WAIT answers 0 after its timeout, which Redis serves from
+# its cron, up to 100 ms late: about 200 ms for 100.  Queued behind each
+# other on the worker's one connection, they hold every reply behind
+# them, and requests whose claims wait there time out (503).  Neither
+# that timeout nor the watchdog may close the connection: either loses
+# the releases queued on it, again at the next timeout, as long as
+# requests keep coming, until the claims' leases end and their keys read
+# outcome-unknown although nothing ran.
+$dir = nginx_conf('slow', pay_server('slow', $port, <<"EOC"), 1);
+        idempotency_redis 127.0.0.1:$master;
+        idempotency_redis_timeout @{[ 300 * $slow ]}ms;
+        idempotency_redis_wait 1 @{[ 100 * $slow ]}ms;
+        idempotency_lock_ttl @{[ 2 * $slow ]}s;
+EOC
+nginx_start($dir);
+sleep 0.5;
+is(idem_status(http_post($port, "$run-slow-warm", 'x')), '201 new',
+   'slow WAIT: the replica acknowledges, 201 new');
+my $mark = -s "$dir/logs/error.log";
+
+topo('replica-pause');
+my (@keys, %answers);
+my $until = time + 3 * $slow;    # longer than a lease
+while (time < $until) {
+    my @batch = map { "$run-slow-" . scalar(@keys) . "-$_" } 1 .. 4;
+    push @keys, @batch;
+    $answers{ idem_status($_) }++
+        for @{ http_burst([ map { [$port, $_, 'x'] } @batch ], 5) };
+}
+topo('replica-resume');
+is_deeply([ keys %answers ], ['503 error'],
+          scalar(@keys) . ' keys while WAIT cannot be met: all 503')
+    or diag explain \%answers;
+
+my $left;
+for (1 .. 30) {
+    $left = grep {
+        redis_cli_at($master, 'EXISTS',
+                     'idem:{' . sha256_hex("\0$_") . '}') ne '0'
+    } @keys;
+    last if $left == 0;
+    sleep 0.1;
+}
+is($left, 0, '...and every claim was released');
+
+open my $fh, '<', "$dir/logs/error.log" or die $!;
+seek $fh, $mark, 0;
+my $slow_log = join '', <$fh>;
+close $fh;
+like($slow_log, qr/0 of 1 replicas acknowledged the claim, released/,
+     '...WAIT answered 0 for some');
+like($slow_log, qr/redis "[^"]+" timed out/,
+     '...and some requests timed out behind the held WAITs');
+unlike($slow_log, qr/did not answer within|connected to redis .* again/,
+       '...without closing the connection Redis kept answering on');
+
+my %again;
+$again{ idem_status(http_post($port, $_, 'x')) }++ for @keys[0 .. 3];
+is_deeply([ keys %again ], ['201 new'],
+          'retries of the first keys run: no 409, no outcome-unknown')
+    or diag explain \%again;
+is(scalar(grep { $_ } @{ upstream_runs($dir) }{ @keys }), 4,
+   '...and only those ran');
+
+nginx_stop($dir);
+undef $dir;
+is(join('', log_problems("$root/slow/logs/error.log")), '',
    'no crash, no alert');
 
 done_testing();

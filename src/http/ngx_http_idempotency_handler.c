@@ -1152,7 +1152,13 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
                   "idempotency: redis \"%V\" timed out",
                   &ctx->redis->name);
 
-    ngx_http_idempotency_redis_reset(ctx->redis);
+    /*
+     * The connection is left alone: its watchdog resets it when Redis
+     * stops answering.  One that answers slowly (WAITs that cannot be met
+     * while a replica resyncs) still carries the releases and stores of
+     * other requests behind this one: a reset would lose them all, again
+     * at every timeout, until their leases ran out.
+     */
 
     ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;

@@ -426,7 +426,9 @@ ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node)
     }
 
     if (node->pending) {
-        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
+        node->answered = ngx_current_msec;
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout
+                      + (node->head ? node->head->block : 0));
     }
 
     ngx_http_idempotency_conn_flush(node);

@@ -757,6 +757,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->rkey_len = 0;
     op->resend = 0;
     op->resent = 0;
+    op->block = 0;
     op->buf = NULL;
     op->deadline = 0;
     op->backoff = 0;
@@ -1004,7 +1005,8 @@ ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     /* until the connection is ready, the connect timer bounds the wait */
 
     if (node->pending++ == 0 && node->ready) {
-        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
+        node->answered = ngx_current_msec;
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout + op->block);
     }
 
     if (node->ready && !node->flush_ev.posted) {
@@ -1118,8 +1120,12 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
         }
 
     } else {
-        /* replies are flowing: the connection is alive */
-        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
+        /*
+         * replies are flowing: the connection is alive; the watchdog
+         * counts from here (a timer moved by less than 300 ms stays
+         * where it was: nginx's timers are lazy)
+         */
+        node->answered = ngx_current_msec;
     }
 
     /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
@@ -1333,13 +1339,29 @@ ngx_http_idempotency_watchdog(ngx_event_t *ev)
 {
     ngx_http_idempotency_node_t  *node = ev->data;
 
+    ngx_msec_t  limit, waited;
+
     if (node->pending == 0 || !node->open) {
+        return;
+    }
+
+    /*
+     * The reply at the head may be held by the server as long as its
+     * command says (a WAIT while a replica cannot acknowledge), and more:
+     * Redis serves such a timeout from its cron, up to 1000/hz ms late.
+     */
+
+    limit = node->redis->timeout + (node->head ? node->head->block : 0);
+    waited = ngx_current_msec - node->answered;
+
+    if (waited < limit) {
+        ngx_add_timer(ev, limit - waited);
         return;
     }
 
     ngx_log_error(NGX_LOG_ERR, node->redis->log, 0,
                   "idempotency: redis \"%V\" did not answer within %M ms, "
-                  "reconnecting", &node->redis->name, node->redis->timeout);
+                  "reconnecting", &node->redis->name, waited);
 
     node->failed = 1;
 

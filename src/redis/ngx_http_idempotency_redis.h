@@ -155,6 +155,7 @@ struct ngx_http_idempotency_node_s {
     ngx_event_t                      watchdog_ev;
     ngx_event_t                      flush_ev;
     ngx_msec_t                       backoff;
+    ngx_msec_t                       answered;   /* the watchdog's start */
 
     /* cluster.c: a node known by name, resolved on every connect */
     ngx_str_t                        host;
@@ -264,6 +265,9 @@ struct ngx_http_idempotency_op_s {
     ngx_http_idempotency_node_t     *node;       /* sent on */
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;
+
+    /* the server may hold the reply this long (WAIT's timeout) */
+    ngx_msec_t                       block;
 
     /* the key it is routed by (a cluster's slot): rkey_len 0, none */
     size_t                           rkey_len;

@@ -47,6 +47,8 @@ ngx_http_idempotency_durable_command(ngx_http_idempotency_key_op_t *kop,
     argv[n] = (const char *) timeout;
     argvlen[n++] = ngx_sprintf(timeout, "%M", timeout_ms) - timeout;
 
+    kop->op.block = timeout_ms;
+
     return ngx_http_idempotency_redis_command(&kop->op, n, argv, argvlen);
 }
 
