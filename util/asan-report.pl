@@ -20,6 +20,15 @@ for my $f (glob "$dir/asan*") {
             $errors++;
             print STDERR "$f:\n$para\n\n";
 
+        } elsif ($f =~ m{/asan-cycle\.[^/]*$}
+                 && $para =~ /^Indirect leak of/m)
+        {
+            # nginx -t, -T or -s (util/nginx-asan.sh) never destroys the
+            # cycle it parsed: what its pool blocks (direct, nginx's) held
+            # is left with them, freed by pool cleanups everywhere else;
+            # a direct leak there still counts
+            $nginx++;
+
         } elsif ($para =~ /^(Direct|Indirect) leak of/m) {
             # a block of an nginx pool (the cycle's, left to the OS) is
             # nginx's, whichever allocation happened to need a new block;
