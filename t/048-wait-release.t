@@ -47,14 +47,22 @@ my $root = fleet_root('wait-release');
 $up = 1;
 topo('up', 'replica');
 
-$dir = nginx_conf('nginx', pay_server('nginx', $port, <<"EOC"), 1);
+# edge(name, redis timeout ms, WAIT timeout ms, lock s): one worker on
+# the master, WAIT 1, started
+sub edge {
+    my ($name, $timeout, $wait, $lock) = @_;
+    my $d = nginx_conf($name, pay_server($name, $port, <<"EOC"), 1);
         idempotency_redis 127.0.0.1:$master;
-        idempotency_redis_timeout @{[ 1000 * $slow ]}ms;
-        idempotency_redis_wait 1 @{[ 500 * $slow ]}ms;
-        idempotency_lock_ttl @{[ 3 * $slow ]}s;
+        idempotency_redis_timeout @{[ $timeout * $slow ]}ms;
+        idempotency_redis_wait 1 @{[ $wait * $slow ]}ms;
+        idempotency_lock_ttl @{[ $lock * $slow ]}s;
 EOC
-nginx_start($dir);
-sleep 0.5;
+    nginx_start($d);
+    sleep 0.5;
+    return $d;
+}
+
+$dir = edge('nginx', 1000, 500, 3);
 
 my $run = 'wr' . int(time * 1000);
 is(idem_status(http_post($port, "$run-warm", 'x')), '201 new',
@@ -109,14 +117,7 @@ is(join('', log_problems("$root/nginx/logs/error.log")), '',
 # the releases queued on it, again at the next timeout, as long as
 # requests keep coming, until the claims' leases end and their keys read
 # outcome-unknown although nothing ran.
-$dir = nginx_conf('slow', pay_server('slow', $port, <<"EOC"), 1);
-        idempotency_redis 127.0.0.1:$master;
-        idempotency_redis_timeout @{[ 300 * $slow ]}ms;
-        idempotency_redis_wait 1 @{[ 100 * $slow ]}ms;
-        idempotency_lock_ttl @{[ 2 * $slow ]}s;
-EOC
-nginx_start($dir);
-sleep 0.5;
+$dir = edge('slow', 300, 100, 2);
 is(idem_status(http_post($port, "$run-slow-warm", 'x')), '201 new',
    'slow WAIT: the replica acknowledges, 201 new');
 my $mark = -s "$dir/logs/error.log";

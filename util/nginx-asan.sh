@@ -12,7 +12,7 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-exitcode=0}
 # exit from a leak
 for arg in "$@"; do
     case $arg in
-    -t|-T|-s|-tq|-qt)
+    -t|-T|-s)
         ASAN_OPTIONS=$(printf '%s' "${ASAN_OPTIONS:-}" \
                        | sed 's#\(log_path=[^:]*\)/asan#\1/asan-cycle#')
         export ASAN_OPTIONS

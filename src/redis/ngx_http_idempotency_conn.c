@@ -427,8 +427,7 @@ ngx_http_idempotency_conn_ready(ngx_http_idempotency_node_t *node)
 
     if (node->pending) {
         node->answered = ngx_current_msec;
-        ngx_add_timer(&node->watchdog_ev, node->redis->timeout
-                      + (node->head ? node->head->block : 0));
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
     }
 
     ngx_http_idempotency_conn_flush(node);

@@ -1006,7 +1006,7 @@ ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
 
     if (node->pending++ == 0 && node->ready) {
         node->answered = ngx_current_msec;
-        ngx_add_timer(&node->watchdog_ev, node->redis->timeout + op->block);
+        ngx_add_timer(&node->watchdog_ev, node->redis->timeout);
     }
 
     if (node->ready && !node->flush_ev.posted) {
@@ -1346,9 +1346,10 @@ ngx_http_idempotency_watchdog(ngx_event_t *ev)
     }
 
     /*
-     * The reply at the head may be held by the server as long as its
-     * command says (a WAIT while a replica cannot acknowledge), and more:
-     * Redis serves such a timeout from its cron, up to 1000/hz ms late.
+     * Armed for the timeout, it measures when it fires: from the last
+     * answer, allowing the reply at the head the time the server may hold
+     * it (a WAIT while a replica cannot acknowledge; Redis serves such a
+     * timeout from its cron, up to 1000/hz ms late).
      */
 
     limit = node->redis->timeout + (node->head ? node->head->block : 0);
