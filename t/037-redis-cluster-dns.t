@@ -163,10 +163,13 @@ for my $p (@nodes) {
     cli($p, qw(CONFIG SET cluster-announce-hostname), "node-$p.test");
     cli($p, qw(CONFIG SET cluster-preferred-endpoint-type hostname));
 }
+# every node, since each instance below asks its own seed: a node that has
+# not yet heard another's host name by gossip answers "?" for its slots
 ok(wait_until(10, sub {
-       my $s = cli($nodes[0], qw(CLUSTER SLOTS));
-       my @named = $s =~ /^\d+\n\d+\nnode-\d+\.test\n/mg;
-       @named == 3 }),
+       !grep {
+           my @named = cli($_, qw(CLUSTER SLOTS))
+                       =~ /^\d+\n\d+\nnode-\d+\.test\n/mg;
+           @named != 3 } @nodes }),
    'hostname: CLUSTER SLOTS names the masters by host name');
 
 # an IP seed with a resolver: the map names the nodes
@@ -254,9 +257,10 @@ sub announce {
     }
     (my $re = quotemeta $fmt) =~ s/P/\\d+/g;
     return wait_until(10, sub {
-        my @named = `$tcli -p $tnodes[0] CLUSTER SLOTS 2>/dev/null`
-                    =~ /^\d+\n\d+\n$re\n/mg;
-        @named == 3 });
+        !grep {
+            my @named = `$tcli -p $_ CLUSTER SLOTS 2>/dev/null`
+                        =~ /^\d+\n\d+\n$re\n/mg;
+            @named != 3 } @tnodes });
 }
 
 my $tls = "tls; idempotency_redis_tls_trusted_certificate $t/ca.crt;"
