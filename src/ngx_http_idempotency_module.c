@@ -629,6 +629,12 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         prev->redis_default = 1;
     }
 
+    if (conf->enable && conf->wait) {
+        imcf = ngx_http_conf_get_module_main_conf(cf,
+                                                  ngx_http_idempotency_module);
+        imcf->wakeups = 1;
+    }
+
     if (conf->enable || conf->admin) {
         conf->redis->used = 1;
 

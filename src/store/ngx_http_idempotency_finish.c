@@ -85,9 +85,9 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     u_char                      ttl_buf[NGX_INT_T_LEN];
     u_char                      stage[NGX_HTTP_IDEMPOTENCY_RKEY_MAX + 3
                                       + 2 * NGX_HTTP_IDEMPOTENCY_TOKEN_LEN];
-    size_t                      len, argvlen[8];
+    size_t                      len, argvlen[9];
     ngx_str_t                   skey;
-    const char                 *argv[8];
+    const char                 *argv[9];
     ngx_http_idempotency_op_t  *op;
 
     if (ngx_http_idempotency_native_cas(redis)) {
@@ -131,6 +131,11 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     argvlen[n++] = f->value ? len : 0;
     argv[n] = (const char *) ttl_buf;
     argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, f->ttl) - ttl_buf;
+
+    if (f->quiet) {
+        argv[n] = "0";
+        argvlen[n++] = 1;
+    }
 
     op = ngx_http_idempotency_finish_op(redis, f,
                                         ngx_http_idempotency_finish_done);
@@ -192,6 +197,7 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     ngx_memcpy(kop->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     kop->lease_end = f->lease_end;
     kop->orphan = f->orphan;
+    kop->quiet = f->quiet;
 
     if (handler == ngx_http_idempotency_finish_done) {
         op->script = &ngx_http_idempotency_finish_script;
@@ -444,7 +450,9 @@ ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
         return NGX_OK;
     }
 
-    ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
+    if (!f->quiet) {
+        ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
+    }
 
     return NGX_OK;
 }
@@ -554,10 +562,12 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
         return NGX_DECLINED;
     }
 
-    rkey.data = op->rkey;
-    rkey.len = op->rkey_len;
+    if (!kop->quiet) {
+        rkey.data = op->rkey;
+        rkey.len = op->rkey_len;
 
-    ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
+        ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
+    }
 
     return NGX_OK;
 }

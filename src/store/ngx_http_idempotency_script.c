@@ -25,7 +25,8 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
 
 /*
  * finish: KEYS[1] record key, ARGV[1] our claim record, ARGV[2] the final
- * record (empty: release), ARGV[3] ttl (ms).  Only the owner of the claim
+ * record (empty: release), ARGV[3] ttl (ms), ARGV[4] "0" when nobody waits
+ * for the key (no wake-up; absent: one).  Only the owner of the claim
  * may finish it, whatever its lease says now: the first 45 bytes (magic,
  * state, fingerprint, owner) are compared, not the lease that renewals
  * rewrite.  After a take-over another request owns the key.  A store sent
@@ -38,9 +39,9 @@ ngx_str_t  ngx_http_idempotency_claim_script = ngx_string(
  * left behind.  Only the 53 bytes of a head are ever read (GETRANGE).
  *
  * Every success that acted ends at the one "return 1" at the bottom,
- * after waiting duplicates are woken on the key's own channel
- * (watch.c); pcall: Redis 6 has no SPUBLISH, an ACL may forbid it,
- * neither fails the store.
+ * after waiting duplicates, if any may wait, are woken on the key's own
+ * channel (watch.c); pcall: Redis 6 has no SPUBLISH, an ACL may forbid
+ * it, neither fails the store.
  */
 
 ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
@@ -64,7 +65,9 @@ ngx_str_t  ngx_http_idempotency_finish_script = ngx_string(
     "else\n"
     "  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n"
     "end\n"
-    "redis.pcall('SPUBLISH', KEYS[1], ARGV[2] == '' and 'r' or 's')\n"
+    "if ARGV[4] ~= '0' then\n"
+    "  redis.pcall('SPUBLISH', KEYS[1], ARGV[2] == '' and 'r' or 's')\n"
+    "end\n"
     "return 1\n"
 );
 
