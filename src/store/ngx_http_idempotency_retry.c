@@ -22,7 +22,11 @@
 
 #define NGX_HTTP_IDEMPOTENCY_RETRY_FIRST   50
 #define NGX_HTTP_IDEMPOTENCY_RETRY_MAX     1000
-#define NGX_HTTP_IDEMPOTENCY_RETRY_ARGS    8
+/*
+ * the most a kept command has: the finish script's EVALSHA, its SHA, 2,
+ * the key, the staged key, the claim, the head, the ttl and "0" (quiet)
+ */
+#define NGX_HTTP_IDEMPOTENCY_RETRY_ARGS    9
 
 #ifndef NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET
 #define NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET  (8 * 1024 * 1024)
