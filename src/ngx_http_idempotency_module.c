@@ -1309,6 +1309,12 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
 
     rp = imcf->servers.elts;
     for (i = 0; i < imcf->servers.nelts; i++) {
+        /*
+         * the whole configuration's, not the target's: keys may be shared
+         * by locations on targets that name the same server
+         */
+        rp[i]->quiet = !imcf->wakeups;
+
         if (rp[i]->used
             && ngx_http_idempotency_redis_init(cycle, rp[i]) != NGX_OK)
         {

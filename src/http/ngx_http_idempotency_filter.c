@@ -509,24 +509,6 @@ ngx_http_idempotency_release(ngx_http_request_t *r,
 }
 
 
-/*
- * No location of this worker's configuration waits for a key in progress
- * (idempotency_wait): a finish has nobody to wake.  Another nginx sharing
- * the Redis with waiting locations finds the outcome by its safety poll.
- */
-
-ngx_uint_t
-ngx_http_idempotency_quiet(void)
-{
-    ngx_http_idempotency_main_conf_t  *imcf;
-
-    imcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
-                                               ngx_http_idempotency_module);
-
-    return imcf && !imcf->wakeups;
-}
-
-
 void
 ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     size_t len, ngx_msec_t ttl, ngx_log_t *log)
@@ -555,7 +537,6 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     f.lease_end = ctx->lease_end;
     f.info = &info;
     f.orphan = 0;
-    f.quiet = ngx_http_idempotency_quiet();
 
     ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
     ngx_http_idempotency_finish_key(ctx->redis, &f, log);

@@ -695,7 +695,6 @@ ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop)
     f.claim = kop->claim;
     f.lease_end = kop->lease_end;
     f.orphan = 1;
-    f.quiet = ngx_http_idempotency_quiet();
 
     ngx_http_idempotency_metrics_attribute(kop->zone);
     ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);
@@ -848,7 +847,6 @@ ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop)
     f.len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
     f.ttl = kop->ttl;
     f.lease_end = kop->lease_end;
-    f.quiet = ngx_http_idempotency_quiet();
 
     ngx_http_idempotency_metrics_attribute(kop->zone);
     ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);

@@ -302,7 +302,6 @@ ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
     u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
-ngx_uint_t ngx_http_idempotency_quiet(void);
 void ngx_http_idempotency_release(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 

@@ -248,6 +248,9 @@ struct ngx_http_idempotency_redis_s {
        (Redis 6.2); it has no compare-and-set and was told so */
     unsigned                         nx_get_refused:1;
     unsigned                         cas_missing:1;
+
+    /* the layer above's: nobody waits for its keys, a finish wakes none */
+    unsigned                         quiet:1;
 };
 
 

@@ -132,7 +132,7 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     argv[n] = (const char *) ttl_buf;
     argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, f->ttl) - ttl_buf;
 
-    if (f->quiet) {
+    if (redis->quiet) {
         argv[n] = "0";
         argvlen[n++] = 1;
     }
@@ -197,7 +197,6 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     ngx_memcpy(kop->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     kop->lease_end = f->lease_end;
     kop->orphan = f->orphan;
-    kop->quiet = f->quiet;
 
     if (handler == ngx_http_idempotency_finish_done) {
         op->script = &ngx_http_idempotency_finish_script;
@@ -450,9 +449,7 @@ ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
         return NGX_OK;
     }
 
-    if (!f->quiet) {
-        ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
-    }
+    ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
 
     return NGX_OK;
 }
@@ -562,12 +559,10 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
         return NGX_DECLINED;
     }
 
-    if (!kop->quiet) {
-        rkey.data = op->rkey;
-        rkey.len = op->rkey_len;
+    rkey.data = op->rkey;
+    rkey.len = op->rkey_len;
 
-        ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
-    }
+    ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
 
     return NGX_OK;
 }
@@ -595,7 +590,10 @@ ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old)
 }
 
 
-/* waiting duplicates learn of it on the key's own channel (watch.c) */
+/*
+ * waiting duplicates learn of it on the key's own channel (watch.c), where
+ * any may wait
+ */
 
 static void
 ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
@@ -604,6 +602,10 @@ ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
     size_t                      argvlen[3];
     const char                 *argv[3];
     ngx_http_idempotency_op_t  *op;
+
+    if (redis->quiet) {
+        return;
+    }
 
     op = ngx_http_idempotency_op_alloc(redis);
     if (op == NULL) {

@@ -122,7 +122,6 @@ typedef struct {
     unsigned                         too_large:1;
     unsigned                         won:1;      /* WAIT: after a claim won */
     unsigned                         aof:1;      /* WAITAOF */
-    unsigned                         quiet:1;    /* finish: no wake-up */
 } ngx_http_idempotency_key_op_t;
 
 
@@ -155,8 +154,6 @@ typedef struct {
     ngx_msec_t                       lease_end;  /* sent again until then */
     ngx_str_t                       *info;       /* for the log, or NULL */
     unsigned                         orphan:1;   /* a lost claim's release */
-    unsigned                         quiet:1;    /* nobody waits: no
-                                                    wake-up published */
 } ngx_http_idempotency_finish_t;
 
 
