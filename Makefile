@@ -33,8 +33,10 @@
 #                   Debian 12 from bookworm-backports)
 #   make test-trixie  the whole suite on Debian 13 (trixie) in a cached
 #                   debootstrap root, once with its redis-server and once
-#                   with its valkey-server, each in private network, PID
-#                   and mount namespaces (util/trixie.sh; root, ~25 min)
+#                   with its valkey-server, then the server-dependent
+#                   files with Valkey 9 and Redis 8.6 (Debian testing and
+#                   experimental), each in private network, PID and mount
+#                   namespaces (util/trixie.sh; root, ~35 min)
 #   make bench-trixie  the bench (fresh, replay, bypass, large-fresh,
 #                   large-replay) in that Debian 13 root: Valkey 8.1 on
 #                   the script path and on the native path (an ACL user

@@ -67,12 +67,8 @@ sub retire {
     @dirs = grep { $_ ne $dir } @dirs;
 }
 
-# the server compares and sets natively (Valkey 8.1 and later)
-sub native_cas {
-    my $info = join "\n", redis_cli('INFO', 'server');
-    my ($major, $minor) = $info =~ /^valkey_version:(\d+)\.(\d+)/m;
-    return defined $major && ($major > 8 || ($major == 8 && $minor >= 1));
-}
+# the server compares and sets natively (Valkey 8.1, Redis 8.4 and later)
+sub native_cas { return server_caps()->{ifeq} }
 
 sub log_count {
     my ($dir, $re) = @_;

@@ -1,11 +1,14 @@
 # Compare-and-set without Lua: on a server with SET ... IFEQ (Valkey 8.1
-# and later) an ACL user who may not run scripts keeps every guarantee:
-# every finish, renewal, release and take-over is a native command,
-# checked here by the server's own command statistics.  A finish that finds
-# the owner's claim under another lease word compares again.  The admin's
-# purge reads the record and deletes exactly what it read.  On other
-# servers the script path is the whole suite's, and t/015 checks that a
-# scripting-blocked server without IFEQ claims nothing.
+# and Redis 8.4 and later) an ACL user who may not run scripts keeps every
+# guarantee: every finish, renewal, release and take-over is a native
+# command, checked here by the server's own command statistics.  A finish
+# that finds the owner's claim under another lease word compares again.
+# The admin's purge reads the record and deletes exactly what it read.
+# Where the server also compares and deletes (DELIFEQ on Valkey 9.0, DELEX
+# on Redis 8.4) a release deletes the claim at once, and the native path is
+# the default even for a user who may run scripts (the last part).  On
+# other servers the script path is the whole suite's, and t/015 checks
+# that a scripting-blocked server without IFEQ claims nothing.
 # Plain Test::More: its own nginx instances (an edge and an origin).
 use strict;
 use warnings;
@@ -19,12 +22,14 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
 
 my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
-my $info = join "\n", redis_cli('INFO', 'server');
-my ($maj, $min) = $info =~ /^valkey_version:(\d+)\.(\d+)/m;
+my $caps = server_caps();
 
-plan skip_all => 'the server has no SET IFEQ (Valkey 8.1 or later): '
-               . 'the script path is every other file\'s'
-    unless defined $maj && ($maj > 8 || ($maj == 8 && $min >= 1));
+plan skip_all => "$caps->{kind} $caps->{version} has no SET IFEQ (Valkey 8.1 "
+               . 'or Redis 8.4 and later): the script path is every other '
+               . 'file\'s'
+    unless $caps->{ifeq};
+diag "$caps->{kind} $caps->{version}: SET IFEQ"
+     . ($caps->{delifeq} ? ", \U$caps->{del}\E" : ', no compare-and-delete');
 
 my $slow = $ENV{TEST_ASAN} ? 3 : 1;
 my ($edge, $origin_port) = (20530, 20531);
@@ -43,6 +48,11 @@ my $origin = nginx_conf('origin', <<"EOC", 1);
         access_log logs/exec.log exec;
         location /quick { return 201 "charged\\n"; }
         location /busy { return 503 "try later\\n"; }
+        location /slowbusy {               # fails after a renewal
+            echo_sleep @{[ 2.6 * $slow ]};
+            echo_status 503;
+            echo "try later";
+        }
         location /slow {                   # longer than twice the lock
             echo_sleep @{[ 2.6 * $slow ]};
             echo "charged slowly";
@@ -140,6 +150,51 @@ sub raw_redis {    # a command with binary arguments, by RESP
     return $line;
 }
 
+# another edge on port, one worker, its Redis user's words, its prefix
+sub simple_edge {
+    my ($name, $port, $user, $prefix) = @_;
+    my $d = nginx_conf($name, <<"EOC", 1);
+    idempotency_redis 127.0.0.1:$redis_port$user;
+    server {
+        listen 127.0.0.1:$port;
+        add_header X-Idem \$idempotency_status always;
+        location / {
+            idempotency on;
+            idempotency_redis_prefix "$prefix";
+            proxy_pass http://127.0.0.1:$origin_port;
+        }
+        location = /metrics { idempotency_metrics; }
+    }
+EOC
+    nginx_start($d);
+    sleep 0.3 * $slow;
+    return $d;
+}
+
+# the owner of key runs path (under held:, the only claim there) while
+# its claim's lease word is rewritten to a later deadline, as a renewal
+# whose reply was lost would leave it; the owner answers want
+sub word_rewritten {
+    my ($key, $path, $want) = @_;
+    my $pid = fork // die;
+    if (!$pid) {
+        my $r = http_post($edge, $key, 'x', $path, '', 10);
+        exit(idem_status($r) eq $want ? 0 : 1);
+    }
+    my @keys;
+    for (1 .. 20) {
+        @keys = grep { /\S/ } split /\n/, redis_cli('KEYS', 'held:*');
+        last if @keys;
+        sleep 0.05;
+    }
+    is(scalar @keys, 1, 'the claim is there');
+    my $set = raw_redis('SETRANGE', $keys[0] // 'none', 47,
+                        "\x00\xff\xff\xff\xff\x00");
+    like($set // '', qr/^:53/, 'its lease word rewritten');
+    waitpid $pid, 0;
+    is($? >> 8, 0, "the owner: $want");
+}
+
 redis_cli('CONFIG', 'RESETSTAT');
 
 # 1. stored and replayed, by a user who may not run scripts
@@ -154,16 +209,35 @@ redis_cli('CONFIG', 'RESETSTAT');
     is(runs("cas-a-$t"), 1, 'the origin ran once');
 }
 
-# 2. not stored (503): released natively (the claim set to itself for a
-#    millisecond), and a retry runs again
+# 2. not stored (503): released natively, and a retry runs again; where
+#    the server compares and deletes, the claim is deleted at once (a retry
+#    right behind finds the key free), else set to itself for a millisecond
 {
     my $t = time;
+    my $before = stats()->{$caps->{del}} // 0;
     my $a = http_post($edge, "cas-b-$t", 'x', '/busy');
-    sleep 0.05;
+    sleep 0.05 unless $caps->{delifeq};
     my $b = http_post($edge, "cas-b-$t", 'x', '/busy');
     is(idem_status($a) . ', ' . idem_status($b), '503 new, 503 new',
        'a 503 is released: the retry runs');
     is(runs("cas-b-$t"), 2, 'the origin ran twice, as asked');
+    if ($caps->{delifeq}) {
+        is((stats()->{$caps->{del}} // 0) - $before, 2,
+           "released by \U$caps->{del}\E, once each");
+    }
+}
+
+# 2b. released when the claim holds another lease word (a renewal whose
+#     reply was lost that landed after all): the release's compare fails
+#     on the word, the owner's claim is recognised, and it is released
+#     all the same: the retry runs again rather than meeting a stuck key
+{
+    my $t = time;
+    word_rewritten("cas-r-$t", '/held/slowbusy', '503 new');
+    sleep 0.05;    # released by the compare-and-set: a millisecond later
+    my $r = http_post($edge, "cas-r-$t", 'x', '/held/slowbusy', '', 10);
+    is(idem_status($r), '503 new', 'released all the same: the retry runs');
+    is(runs("cas-r-$t"), 2, 'the origin ran twice, as asked');
 }
 
 # 3. longer than the lock: renewed natively, a duplicate meanwhile gets
@@ -191,24 +265,7 @@ redis_cli('CONFIG', 'RESETSTAT');
 #    compares again with the owner's own claim, and stores
 {
     my $t = time;
-    my $pid = fork // die;
-    if (!$pid) {
-        my $r = http_post($edge, "cas-d-$t", 'x', '/held/slow', '', 10);
-        exit(idem_status($r) eq '200 new' ? 0 : 1);
-    }
-    my @keys;
-    for (1 .. 20) {
-        @keys = grep { /\S/ } split /\n/, redis_cli('KEYS', 'held:*');
-        last if @keys;
-        sleep 0.05;
-    }
-    is(scalar @keys, 1, 'the claim is there');
-    # a later deadline, as a renewal would write it
-    my $set = raw_redis('SETRANGE', $keys[0] // 'none', 47,
-                        "\x00\xff\xff\xff\xff\x00");
-    like($set // '', qr/^:53/, 'its lease word rewritten');
-    waitpid $pid, 0;
-    is($? >> 8, 0, 'the owner: 200 new');
+    word_rewritten("cas-d-$t", '/held/slow', '200 new');
     my $r = http_post($edge, "cas-d-$t", 'x', '/held/slow');
     is(idem_status($r), '200 replay', 'its response was stored');
     is(scalar(grep { /claim was lost/ } lines_of("$dir/logs/error.log")), 0,
@@ -284,6 +341,67 @@ redis_cli('CONFIG', 'RESETSTAT');
               lines_of("$dir/logs/error.log")), 0,
        'nothing refused, nothing missing');
     is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');
+}
+
+# 7. a user who may run scripts: where the server compares and sets and
+#    deletes, the native path all the same (no script runs); where it only
+#    compares and sets, the scripts (they release a key at once)
+{
+    my $port2 = 20532;
+    my $d2 = simple_edge('edge-scripts', $port2, '', 'dflt:');
+    redis_cli('CONFIG', 'RESETSTAT');
+    my $t = time;
+    my @r = (http_post($port2, "dflt-a-$t", 'x', '/quick'),
+             http_post($port2, "dflt-a-$t", 'x', '/quick'),
+             http_post($port2, "dflt-b-$t", 'x', '/busy'),
+             http_post($port2, "dflt-b-$t", 'x', '/busy'));
+    is(join(', ', map { idem_status($_) } @r),
+       '201 new, 201 replay, 503 new, 503 new',
+       'scripts allowed: stored, replayed, released at once');
+    is(runs("dflt-a-$t") . ' ' . runs("dflt-b-$t"), '1 2',
+       '...the origin ran once, then twice as asked');
+    my $n = stats();
+    my $s = IO::Socket::INET->new("127.0.0.1:$port2");
+    print $s "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n" if $s;
+    my $metrics = $s ? do { local $/; <$s> // '' } : '';
+    if ($caps->{native}) {
+        is($n->{evalsha} // 0, 0, 'no script ran: native by default');
+        is($n->{eval} // 0, 0, '...no EVAL either');
+        is($n->{$caps->{del}} // 0, 2, "the releases: \U$caps->{del}\E");
+        like($metrics, qr/^nginx_idempotency_redis_info\{.*cas="native"\} 1/m,
+             'redis_info says native');
+    } else {
+        ok(($n->{evalsha} // 0) >= 2,
+           "no compare-and-delete: the scripts finish ($n->{evalsha} EVALSHA)");
+        like($metrics, qr/^nginx_idempotency_redis_info\{.*cas="script"\} 1/m,
+             'redis_info says script');
+    }
+    is(scalar log_problems("$d2/logs/error.log"), 0, 'no crash or alert');
+    nginx_stop($d2);
+}
+
+# 8. an ACL written before the server could compare and delete (scripts
+#    allowed, DELIFEQ or DELEX not): the release is refused, said once at
+#    warn, and done all the same, by the compare-and-set; then by script
+if ($caps->{native}) {
+    my $port3 = 20533;
+    redis_cli('ACL', 'SETUSER', 'idemnodel', 'reset', 'on', '>s3cret', '~*',
+              '&*', '+@all', "-$caps->{del}");
+    my $d3 = simple_edge('edge-nodel', $port3,
+                         ' user=idemnodel password=s3cret', 'nodel:');
+    my $t = time;
+    my @r = (http_post($port3, "nodel-a-$t", 'x', '/busy'));
+    sleep 0.05;
+    push @r, http_post($port3, "nodel-a-$t", 'x', '/busy'),
+             http_post($port3, "nodel-a-$t", 'x', '/busy');
+    is(join(', ', map { idem_status($_) } @r), '503 new, 503 new, 503 new',
+       'the delete refused: released all the same, each time');
+    is(runs("nodel-a-$t"), 3, '...the origin ran each, as asked');
+    is(scalar(grep { /\[warn\].*refused \U$caps->{del}\E: NOPERM/ }
+              lines_of("$d3/logs/error.log")), 1, '...said once at warn');
+    is(scalar log_problems("$d3/logs/error.log"), 0, 'no crash or alert');
+    nginx_stop($d3);
+    redis_cli('ACL', 'DELUSER', 'idemnodel');
 }
 
 diag "the edge's log:\n",

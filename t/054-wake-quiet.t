@@ -5,8 +5,10 @@
 #   store and release (a replay, a new run after a release)
 # - one location waits: every finish publishes, also those of the other
 #   locations, once per finish
-# On the script path (every server) and, where the server has SET IFEQ
-# (Valkey 8.1 and later), on the native path of a user without scripting.
+# On the default user's path (the scripts; native where the server
+# compares and deletes: Valkey 9, Redis 8.4) and, where the server has SET
+# IFEQ (Valkey 8.1, Redis 8.4), on the native path of a user without
+# scripting.
 # Counted by the server's own command statistics.
 # Plain Test::More: its own nginx on 20540-20543.
 use strict;
@@ -29,8 +31,8 @@ my $slow = $ENV{TEST_ASAN} ? 3 : 1;
 my $root = fleet_root('wake-quiet');
 
 my @paths = ('scripts');
-my ($vmaj, $vmin) = $info =~ /^valkey_version:(\d+)\.(\d+)/m;
-if (defined $vmaj && ($vmaj > 8 || ($vmaj == 8 && $vmin >= 1))) {
+my $caps = server_caps();
+if ($caps->{ifeq}) {
     push @paths, 'native';
     redis_cli('ACL', 'SETUSER', 'quietnolua', 'reset', 'on', '>pw', '~*',
               '&*', '+@all', '-@scripting');
@@ -115,7 +117,9 @@ for my $path (@paths) {
     # a release is not a store: the release's retry runs again (503 again)
     is($st, $expect, "$path, no location waits: stored, released, replayed");
     is($n->{spublish} // 0, 0, "$path, no location waits: no SPUBLISH");
-    if ($path eq 'native') {
+    if ($path eq 'native' || $caps->{native}) {
+        # native where scripting is forbidden, or by default where the
+        # server compares and deletes too
         is(($n->{evalsha} // 0) + ($n->{eval} // 0), 0,
            "$path: no script ran");
     } else {

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # util/trixie.sh: the whole suite (`make test`) on Debian 13 "trixie", in a
 # debootstrap root kept between runs, once per server: trixie's own
-# redis-server and its valkey-server.  `make test-trixie` runs it, as root;
-# .ci/run runs it after `make test` on the CI's Debian 12.
+# redis-server and its valkey-server; then the newest servers Debian has
+# (valkey-newest: Valkey 9 from the testing release, forky; redis-newest:
+# Redis 8.4 or later from experimental), the files their commands matter
+# to.  `make test-trixie` runs it, as root; .ci/run runs it after `make
+# test` on the CI's Debian 12.
 #
 # 1. The root: debootstrap --variant=minbase trixie ROOT MIRROR, MIRROR
 #    being the URI of this machine's own apt entry for its own release
@@ -13,7 +16,14 @@
 #    root, valkey-server and valkey-tools (and valkey-sentinel where it is a
 #    package of its own), with a policy-rc.d that starts no service; and
 #    the npm library t/047 installs (the runs have no network), by this
-#    machine's npm, whose configuration reaches the registry.  The root
+#    machine's npm, whose configuration reaches the registry.  The newest
+#    servers: their packages (server, tools, sentinel) downloaded by apt
+#    from the same archive's forky and experimental suites (a list of
+#    their own, never the root's sources), unpacked into
+#    /opt/ngx-idempotency/valkey-newest and .../redis-newest, and checked:
+#    they run on trixie's libraries, and are Valkey 9.0 or later and Redis
+#    8.4 or later (else the setup fails: no run could test what it is
+#    for).  The root
 #    is kept in TRIXIE_ROOT with a stamp naming its package list, and built
 #    anew (into ROOT.new, renamed when complete) when that list changes.
 # 2. Each run: a tmpfs overlay on the root (the kept root is never written
@@ -33,13 +43,20 @@
 #
 # Knobs (environment):
 #   TRIXIE_ROOT      the root (/var/cache/ngx-idempotency/trixie-root)
-#   TRIXIE_SERVERS   the runs, in order ("redis valkey")
+#   TRIXIE_SERVERS   the runs, in order ("redis valkey redis-newest
+#                    valkey-newest")
+#   TRIXIE_NEWEST_FILES  the files the newest servers run (those where the
+#                    server's commands differ: the store, its native
+#                    compare-and-set and -delete, WAIT and WAITAOF, the
+#                    admin, the topologies' finishes); "all": every file
 #   TRIXIE_OUT       where the logs go (build/trixie): setup.log,
 #                    test-redis.log, test-valkey.log, and tap-SERVER/, the
 #                    TAP of every test file
 #   TRIXIE_TIMEOUT   seconds a run may take before it is killed (1200)
 #   TRIXIE_REBUILD=1 build the root anew even when its stamp matches
 #   TEST_FILES       passed to util/test.sh in the root (default: all)
+#   TRIXIE_TARGET    the make target each run runs (test; test-asan: the
+#                    module under AddressSanitizer)
 #
 # `util/trixie.sh bench` (`make bench-trixie`) runs the bench instead of
 # the suite, in the same root, overlay and namespaces: the module built
@@ -76,13 +93,22 @@ if [ "${1:-}" = bench ]; then
     shift
 fi
 root=${TRIXIE_ROOT:-/var/cache/ngx-idempotency/trixie-root}
-servers=${TRIXIE_SERVERS:-redis valkey}
+servers=${TRIXIE_SERVERS:-redis valkey redis-newest valkey-newest}
+newest_files=${TRIXIE_NEWEST_FILES:-t/001-lifecycle.t t/002-store.t \
+t/004-conflict.t t/005-redis.t t/015-redis-conn.t t/017-metrics.t \
+t/020-torture.t \
+t/027-redis-resend.t t/031-redis-cluster.t t/033-redis-wait.t \
+t/034-store.t t/034-store-cluster.t t/035-wake.t t/040-large-reply.t \
+t/043-waitaof.t t/044-at-most-once.t t/045-faults.t t/048-encrypt.t \
+t/048-wait-release.t \
+t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t}
 out=${TRIXIE_OUT:-$top/build/trixie}
 if [ "$mode" = bench ]; then
     run_timeout=${TRIXIE_TIMEOUT:-1800}
 else
     run_timeout=${TRIXIE_TIMEOUT:-1200}
 fi
+target=${TRIXIE_TARGET:-test}
 bench_runs=${TRIXIE_BENCH_RUNS:-valkey:scripts valkey:native redis:scripts}
 bench_repeat=${TRIXIE_BENCH_REPEAT:-1}
 # what bench/run.sh reads that the bench mode passes on into the root
@@ -93,6 +119,11 @@ setup_timeout=1200
 release=trixie
 stamp_file=.ngx-idempotency-stamp
 valkey_pkgs=(valkey-server valkey-tools)
+# the newest servers: KIND/SUITE/LOWEST, unpacked in the root under
+# /opt/ngx-idempotency/KIND-newest
+newest=(valkey/forky/9.0 redis/experimental/8.4)
+newest_dir=/opt/ngx-idempotency
+newest_list=/etc/apt/ngx-idempotency-newest.list
 # what the suite calls that no package of deps.sh names: pgrep and ps
 # (t/020, t/021, t/030, t/044, util/deb-test.sh); and `ip`, which brings
 # lo up in a run's network namespace
@@ -152,11 +183,18 @@ inside() {
                           "REDIS_SENTINEL=$(in_root sh -c \
                               'command -v valkey-sentinel || echo valkey-server')")
                     ;;
+                *-newest)
+                    envs=("$(newest_path "$server")")
+                    [ "$server" = redis-newest ] ||
+                        envs+=(REDIS_SERVER=valkey-server REDIS_CLI=valkey-cli
+                               REDIS_SENTINEL=valkey-sentinel)
+                    ;;
             esac
             [ -z "${TEST_FILES:-}" ] || envs+=("TEST_FILES=$TEST_FILES")
             local rc=0
             in_root "${envs[@]}" PERL_TEST_HARNESS_DUMP_TAP=/tmp/tap \
-                timeout -k 30 "$run_timeout" make -C /build/repo test || rc=$?
+                timeout -k 30 "$run_timeout" make -C /build/repo "$target" ||
+                rc=$?
             # every file's TAP (prove's dump), for what the summary checks
             rm -rf "$out/tap-$server"
             [ ! -d "$root/tmp/tap" ] || cp -r "$root/tmp/tap" "$out/tap-$server"
@@ -198,11 +236,14 @@ inside_bench() {
         IFS=: read -r n server path <<< "$spec"
         envs=()
         case $server in
-            redis) ;;
-            valkey)
+            redis|redis-newest) ;;
+            valkey|valkey-newest)
                 envs=(REDIS_SERVER=valkey-server REDIS_CLI=valkey-cli
                       REDIS_BENCHMARK=valkey-benchmark)
                 ;;
+        esac
+        case $server in
+            *-newest) envs+=("$(newest_path "$server")") ;;
         esac
         [ "$path" != native ] || envs+=(BENCH_NATIVE=1)
         envs+=("BENCH_SCENARIOS=${BENCH_SCENARIOS:-fresh replay bypass large-fresh large-replay}")
@@ -217,7 +258,7 @@ inside_bench() {
             /build/repo/bench/run.sh \
             /build/repo/build/ngx_http_idempotency_module.so || rc=1
         cp -r "$root$dir" "$out/bench/$n-$server-$path" 2>/dev/null || rc=1
-        in_root "$server-server" --version \
+        in_root "${envs[@]}" sh -c "${server%-newest}-server --version" \
             > "$out/bench/$n-$server-$path/server.txt" 2>&1 || true
     done
     return $rc
@@ -242,9 +283,66 @@ inside_setup() {
     # deps.sh removes policy-rc.d on exit: put it back for what follows
     printf '#!/bin/sh\nexit 101\n' > "$policy"
     chmod +x "$policy"
+    newest_setup
     echo "in the root: $(in_root dpkg-query -W -f '${Package} ${Version}\n' \
         redis-server valkey-server nginx libhiredis-dev openssl gcc-14 \
         2>/dev/null | tr '\n' ';')"
+}
+
+# newest_path KIND-newest: the PATH of a run on that server
+newest_path() {
+    local base=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    echo "PATH=$newest_dir/$1/usr/bin:$base"
+}
+
+# newest_setup: the newest servers' packages, by apt from their suites
+# (newest_list, written by the host: this root's own sources stay trixie's)
+# with lists and caches of their own, unpacked under newest_dir; each must
+# run here (trixie's libraries, which trixie's redis and valkey brought)
+# and be at least as new as the commands it is there for
+newest_setup() {
+    local spec kind suite lowest dir ver apt d
+    # signatures checked as ever; the suites' Valid-Until (a week: they
+    # change daily) is not, as a mirror that is a snapshot serves it past
+    apt=(apt-get -q -o "Dir::Etc::SourceList=$newest_list"
+         -o Acquire::Check-Valid-Until=false
+         -o Dir::Etc::SourceParts=/nonexistent
+         -o Dir::State::Lists=/var/lib/apt/ngx-idempotency-newest
+         -o Dir::Cache=/var/cache/apt/ngx-idempotency-newest)
+    mkdir -p "$root/var/lib/apt/ngx-idempotency-newest/partial" \
+             "$root/var/cache/apt/ngx-idempotency-newest/archives/partial"
+    in_root "${apt[@]}" update >/dev/null
+    for spec in "${newest[@]}"; do
+        IFS=/ read -r kind suite lowest <<< "$spec"
+        dir=$newest_dir/$kind-newest
+        d=$root/tmp/newest-$kind
+        rm -rf "$d" "${root:?}$dir"
+        mkdir -p "$d" "$root$dir"
+        in_root sh -c "cd /tmp/newest-$kind && ${apt[*]} download \
+            $kind-server/$suite $kind-tools/$suite $kind-sentinel/$suite" \
+            >/dev/null
+        for f in "$d"/*.deb; do
+            dpkg-deb -x "$f" "$root$dir"
+        done
+        rm -rf "$d"
+        if in_root ldd "$dir/usr/bin/$kind-check-rdb" | grep -q 'not found'
+        then
+            in_root ldd "$dir/usr/bin/$kind-check-rdb" >&2
+            echo "$me: $kind from $suite lacks a library here" >&2
+            return 1
+        fi
+        ver=$(in_root "$dir/usr/bin/$kind-server" --version |
+              sed -n 's/.* v=\([0-9.]*\).*/\1/p')
+        if [ "$(printf '%s\n%s\n' "$lowest" "$ver" | sort -V | head -1)" \
+             != "$lowest" ]; then
+            echo "$me: $kind from $suite is ${ver:-unknown}, not $lowest" \
+                 "or later: nothing new to test" >&2
+            return 1
+        fi
+        echo "newest: $kind-server $ver from $suite in $dir"
+    done
+    rm -rf "$root/var/lib/apt/ngx-idempotency-newest" \
+           "$root/var/cache/apt/ngx-idempotency-newest"
 }
 
 # the npm library t/047 installs when it is missing (the version it names)
@@ -326,6 +424,7 @@ package_list() {
         sed 's/#.*//; s/pkgs=(//; s/"\$@")//; s/)//' | tr -s ' \t' '\n' |
         grep -v '^$'
     printf '%s\n' "${valkey_pkgs[@]}" "${extra_pkgs[@]}"
+    printf 'newest %s\n' "${newest[@]}"
     echo "npm stripe@$(stripe_version)"
 }
 
@@ -457,6 +556,11 @@ else
     } > "$new/etc/apt/sources.list.d/debian.sources"
     [ -n "$security" ] ||
         echo "$me: no $host_release-security entry here: no $release-security"
+    # the newest servers' suites: a list only newest_setup reads
+    for spec in "${newest[@]}"; do
+        IFS=/ read -r _ suite _ <<< "$spec"
+        printf 'deb [signed-by=%s] %s %s main\n' "$keyring" "$mirror" "$suite"
+    done | sort -u > "$new$newest_list"
     cat > "$new/etc/hosts" <<'EOF'
 127.0.0.1	localhost
 ::1		localhost ip6-localhost ip6-loopback
@@ -464,7 +568,8 @@ ff02::1		ip6-allnodes
 ff02::2		ip6-allrouters
 EOF
 
-    echo "== trixie root: util/deps.sh, Valkey, npm stripe@$(stripe_version)"
+    echo "== trixie root: util/deps.sh, Valkey, the newest servers, npm" \
+         "stripe@$(stripe_version)"
     t0=$(now)
     copy_checkout "$new/build/repo"
     if ! ns "$new" setup >> "$setup_log" 2>&1; then
@@ -485,7 +590,7 @@ EOF
         fi
     fi
     t_deps=$(($(now) - t0))
-    grep '^in the root:' "$setup_log" || true
+    grep -E '^(in the root|newest):' "$setup_log" || true
 
     rm -rf --one-file-system "$new/build"
     printf '%s\n' "$stamp" > "$new/$stamp_file"
@@ -574,8 +679,10 @@ if [ "$mode" = bench ]; then
         for spec in $bench_runs; do
             case $spec in
                 redis:scripts|valkey:scripts|valkey:native|redis:native) ;;
+                redis-newest:*|valkey-newest:*) ;;
                 *) die "TRIXIE_BENCH_RUNS: $spec is not SERVER:PATH" \
-                       "(redis or valkey, scripts or native)" ;;
+                       "(redis, valkey, redis-newest or valkey-newest;" \
+                       "scripts or native)" ;;
             esac
             specs+=("$(( ${#specs[@]} + 1 )):$spec")
         done
@@ -602,15 +709,21 @@ declare -A result summary took
 failed=0
 for server in $servers; do
     case $server in
-        redis|valkey) ;;
-        *) die "TRIXIE_SERVERS: unknown server $server (redis, valkey)" ;;
+        redis|valkey|redis-newest|valkey-newest) ;;
+        *) die "TRIXIE_SERVERS: unknown server $server (redis, valkey," \
+               "redis-newest, valkey-newest)" ;;
+    esac
+    run_files=${TEST_FILES:-}
+    case $server in
+        *-newest) [ "$newest_files" = all ] || run_files=$newest_files ;;
     esac
     log=$out/test-$server.log
     echo "== trixie, $server: make test (log: $log)"
     mkdir -p "$root.run"
     t0=$(now)
     rc=0
-    ns "$root" --net run "$server" > "$log" 2>&1 || rc=$?
+    TEST_FILES=$run_files ns "$root" --net run "$server" > "$log" 2>&1 ||
+        rc=$?
     took[$server]=$(($(now) - t0))
     left=$(procs_in "$root"; procs_in "$root.run/merged")
     [ -z "$left" ] || { echo "$me: processes left in the root: $left" >&2; rc=1; }
@@ -625,9 +738,19 @@ for server in $servers; do
         res="TIMEOUT after ${run_timeout} s${res:+ ($res)}"
     # the whole suite includes make deb and the package test: t/016
     # skipped or missing is a failure of the run, not a pass
-    if [ -z "${TEST_FILES:-}" ] && [ "$rc" -eq 0 ] &&
+    if [ -z "$run_files" ] && [ "$rc" -eq 0 ] &&
        { ! [[ $pkg =~ \.\ ok ]] || [ -z "$deb" ]; }; then
         echo "$me: t/016 (make deb, the package test) did not pass: $pkg"
+        rc=1
+    fi
+    # a newest server is there for its native commands: t/053 skipped
+    # (the server without them after all) is a failure too
+    if [[ $server == *-newest ]] && [ "$rc" -eq 0 ] &&
+       { [ -z "$run_files" ] ||
+         [[ " $run_files " == *" t/053-native-cas.t "* ]]; } &&
+       ! grep -qE '^ok [0-9]+ - ' \
+           "$out/tap-$server/t/053-native-cas.t" 2>/dev/null; then
+        echo "$me: t/053 (native compare-and-set) did not run on $server"
         rc=1
     fi
     if [ "$rc" -eq 0 ]; then
@@ -650,6 +773,10 @@ for server in $servers; do
     case $server in
         redis) ver=$(chroot "$root" redis-server --version | awk '{print $3}') ;;
         valkey) ver=$(chroot "$root" valkey-server --version | awk '{print $3}') ;;
+        *-newest)
+            ver=$(chroot "$root" \
+                      "$newest_dir/$server/usr/bin/${server%-newest}-server" \
+                      --version | awk '{print $3}') ;;
     esac
     echo "   $server-server ${ver#v=}: ${result[$server]} in ${took[$server]} s"
     echo "      ${summary[$server]}"

@@ -44,6 +44,10 @@ static void ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_admin_purge_read(
     ngx_http_idempotency_op_t *op, redisReply *reply);
+static ngx_int_t ngx_http_idempotency_admin_purge_send(
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t del);
+static void ngx_http_idempotency_admin_purge_del(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_admin_purge_set(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static ngx_http_idempotency_admin_ctx_t *ngx_http_idempotency_admin_value(
@@ -478,22 +482,80 @@ ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
     ngx_memcpy(ctx->value, reply->str, reply->len);
     ctx->len = reply->len;
 
-    op = ngx_http_idempotency_admin_op(ctx);
+    if (ngx_http_idempotency_admin_purge_send(ctx, 1) != NGX_OK) {
+        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          NULL);
+    }
+}
 
-    if (op) {
-        op->handler = ngx_http_idempotency_admin_purge_set;
 
-        if (ngx_http_idempotency_purge_native_command(op, &ctx->rkey,
-                                                      ctx->value, ctx->len)
-            == NGX_OK)
-        {
-            ctx->get = op;
-            return;
-        }
+/*
+ * 1: purged; 0: gone or changed since the read, and the other way tells
+ * which (as it does the purge where the delete is refused)
+ */
+
+static void
+ngx_http_idempotency_admin_purge_del(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_int_t                          rc;
+    ngx_http_idempotency_admin_ctx_t  *ctx = op->data;
+
+    if (ctx == NULL) {
+        return;
+    }
+
+    ctx->get = NULL;
+
+    rc = ngx_http_idempotency_purge_del_result(op->redis, reply);
+
+    if (rc == NGX_OK) {
+        ngx_http_idempotency_admin_purged(ctx, 1);
+        return;
+    }
+
+    if (rc == NGX_DECLINED
+        && ngx_http_idempotency_admin_purge_send(ctx, 0) == NGX_OK)
+    {
+        return;
     }
 
     ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
                                       NULL);
+}
+
+
+/*
+ * The delete of what was read: by compare-and-delete where the server has
+ * it (del), else (or to learn what a failed one met) by the compare-and-set
+ * that returns the value it found
+ */
+
+static ngx_int_t
+ngx_http_idempotency_admin_purge_send(ngx_http_idempotency_admin_ctx_t *ctx,
+    ngx_uint_t del)
+{
+    ngx_http_idempotency_op_t  *op;
+
+    del = del && ngx_http_idempotency_has_delifeq(ctx->conf->redis);
+
+    op = ngx_http_idempotency_admin_op(ctx);
+
+    if (op) {
+        op->handler = del ? ngx_http_idempotency_admin_purge_del
+                          : ngx_http_idempotency_admin_purge_set;
+
+        if (ngx_http_idempotency_purge_native_command(op, &ctx->rkey,
+                                                      ctx->value, ctx->len,
+                                                      del)
+            == NGX_OK)
+        {
+            ctx->get = op;
+            return NGX_OK;
+        }
+    }
+
+    return NGX_ERROR;
 }
 
 

@@ -447,7 +447,14 @@ ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
     }
 
     if (redis->server_version) {
-        /* a mix of servers: the oldest decides, and Redis over Valkey */
+        /*
+         * a mix of servers: the oldest decides, and Redis over Valkey; a
+         * mix of both kinds has no compare-and-delete common to all
+         */
+
+        if (valkey != redis->valkey) {
+            redis->mixed = 1;
+        }
 
         valkey = valkey && redis->valkey;
         version = ngx_min(version, redis->server_version);

@@ -243,11 +243,14 @@ struct ngx_http_idempotency_redis_s {
     unsigned                         exiting:1;
     unsigned                         script_refused:1;
     unsigned                         valkey:1;
+    unsigned                         mixed:1;        /* Redis and Valkey */
 
     /* what the layer above learned of the server: it refused SET NX GET
-       (Redis 6.2); it has no compare-and-set and was told so */
+       (Redis 6.2); it has no compare-and-set and was told so; it refused
+       a compare-and-delete (an ACL without DELIFEQ or DELEX) */
     unsigned                         nx_get_refused:1;
     unsigned                         cas_missing:1;
+    unsigned                         del_refused:1;
 
     /* the layer above's: nobody waits for its keys, a finish wakes none */
     unsigned                         quiet:1;

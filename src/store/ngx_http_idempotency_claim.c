@@ -197,8 +197,8 @@ ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim)
 /*
  * A finish must compare the owner: by a native compare-and-set, or by the
  * finish script.  Without both (scripting forbidden by an ACL on a server
- * older than Valkey 8.1) a claim could be stored or released by nobody's
- * check: NGX_DECLINED, said once at error.
+ * older than Valkey 8.1 or Redis 8.4) a claim could be stored or released
+ * by nobody's check: NGX_DECLINED, said once at error.
  */
 
 ngx_int_t
@@ -211,11 +211,11 @@ ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
     if (!redis->cas_missing) {
         ngx_log_error(NGX_LOG_ERR, redis->log, 0,
                       "idempotency: redis \"%V\" (%s%*s) forbids scripting "
-                      "and "
-                      "has no SET IFEQ (Valkey 8.1 or later): a record could "
-                      "not be stored or released only by its owner, so no "
-                      "key is claimed; allow EVAL and EVALSHA to the "
-                      "module's user, or move to Valkey 8.1",
+                      "and has no SET IFEQ (Valkey 8.1, Redis 8.4 or "
+                      "later): a record could not be stored or released "
+                      "only by its owner, so no key is claimed; allow EVAL "
+                      "and EVALSHA to the module's user, or move to Valkey "
+                      "8.1 or Redis 8.4",
                       &redis->name,
                       redis->server_len ? "" : "server not known",
                       redis->server_len, redis->server);
@@ -390,4 +390,75 @@ ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     argvlen[3] = 4;
     argv[4] = (const char *) expected;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+}
+
+
+/*
+ * A compare-and-delete of exactly <expected>: DELIFEQ <key> <expected>
+ * (Valkey), DELEX <key> IFEQ <expected> (Redis); 1 deleted, 0 not.  The
+ * number of arguments.
+ */
+
+int
+ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
+    const char **argv, size_t *argvlen, ngx_str_t *rkey, u_char *expected,
+    size_t len)
+{
+    int  n;
+
+    n = 0;
+
+    if (redis->valkey) {
+        argv[n] = "DELIFEQ";
+        argvlen[n++] = 7;
+
+    } else {
+        argv[n] = "DELEX";
+        argvlen[n++] = 5;
+    }
+
+    argv[n] = (const char *) rkey->data;
+    argvlen[n++] = rkey->len;
+
+    if (!redis->valkey) {
+        argv[n] = "IFEQ";
+        argvlen[n++] = 4;
+    }
+
+    argv[n] = (const char *) expected;
+    argvlen[n++] = len;
+
+    return n;
+}
+
+
+/*
+ * A compare-and-delete refused (an ACL written before the server had it,
+ * without +delifeq or +delex; or a server that lacks it after all): said
+ * once at warn, and no more tried by this worker; NGX_OK to do without it
+ */
+
+ngx_int_t
+ngx_http_idempotency_delifeq_refused(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply)
+{
+    if (!(reply->len >= 6 && ngx_strncmp(reply->str, "NOPERM", 6) == 0)
+        && !(reply->len >= 15
+             && ngx_strncmp(reply->str, "ERR unknown com", 15) == 0))
+    {
+        return NGX_DECLINED;
+    }
+
+    if (!redis->del_refused) {
+        ngx_log_error(NGX_LOG_WARN, redis->log, 0,
+                      "idempotency: redis \"%V\" refused %s: %*s; releases "
+                      "go by SET IFEQ (or by script where scripting is "
+                      "allowed) until reload; allow %s to the module's user",
+                      &redis->name, redis->valkey ? "DELIFEQ" : "DELEX",
+                      (size_t) ngx_min(reply->len, 200), reply->str,
+                      redis->valkey ? "DELIFEQ" : "DELEX");
+        redis->del_refused = 1;
+    }
+
+    return NGX_OK;
 }

@@ -96,18 +96,27 @@ ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
 
 
 /*
- * The delete of exactly what was read: SET <key> <value> IFEQ <value> GET
- * PX 1, the record set to itself for a millisecond (no DELIFEQ before
- * Valkey 9).  The old value comes back, matched or not: the caller
+ * The delete of exactly what was read.  With del, and where the server
+ * compares and deletes: DELIFEQ or DELEX ... IFEQ, 1 deleted, 0 not.
+ * Else SET <key> <value> IFEQ <value> GET PX 1, the record set to itself
+ * for a millisecond, its old value back, matched or not: the caller
  * compares it with what it read.  On NGX_ERROR the op has been freed.
  */
 
 ngx_int_t
 ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, u_char *value, size_t len)
+    ngx_str_t *rkey, u_char *value, size_t len, ngx_uint_t del)
 {
+    int          argc;
     size_t       argvlen[8];
     const char  *argv[8];
+
+    if (del && ngx_http_idempotency_has_delifeq(op->redis)) {
+        argc = ngx_http_idempotency_delifeq_args(op->redis, argv, argvlen,
+                                                 rkey, value, len);
+
+        return ngx_http_idempotency_redis_command(op, argc, argv, argvlen);
+    }
 
     ngx_http_idempotency_cas_args(argv, argvlen, rkey, value, len, value);
     argvlen[4] = len;       /* compared with the whole record */
@@ -119,4 +128,32 @@ ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
     argvlen[7] = 1;
 
     return ngx_http_idempotency_redis_command(op, 8, argv, argvlen);
+}
+
+
+/*
+ * A purge's compare-and-delete: NGX_OK deleted; NGX_DECLINED not deleted
+ * (0: gone or changed since the read) or the delete refused, and the
+ * compare-and-set tells which; NGX_ERROR no reply or another error
+ */
+
+ngx_int_t
+ngx_http_idempotency_purge_del_result(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply)
+{
+    if (reply == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER) {
+        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR
+        && ngx_http_idempotency_delifeq_refused(redis, reply) == NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_ERROR;
 }

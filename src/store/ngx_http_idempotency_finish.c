@@ -22,7 +22,7 @@
 /* the staged copy expires if its finish never comes: at least this */
 #define NGX_HTTP_IDEMPOTENCY_STAGE_TTL  60000
 
-/* SET key value IFEQ claim GET PX ttl */
+/* SET key value IFEQ claim GET PX ttl (DELEX key IFEQ claim: fewer) */
 #define NGX_HTTP_IDEMPOTENCY_FINISH_ARGS  8
 
 /* compares made again on the owner's own claim under another word */
@@ -41,6 +41,11 @@ static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_int_t ngx_http_idempotency_finish_native(
     ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f);
+static int ngx_http_idempotency_native_args(const char **argv,
+    size_t *argvlen, ngx_str_t *rkey, u_char *value, size_t len,
+    u_char *claim, ngx_msec_t ttl, u_char *px);
+static void ngx_http_idempotency_native_released(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_int_t ngx_http_idempotency_native_again(
@@ -409,38 +414,41 @@ static ngx_int_t
 ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
     ngx_http_idempotency_finish_t *f)
 {
-    u_char                      px[NGX_INT_T_LEN];
-    size_t                      argvlen[8];
-    const char                 *argv[8];
-    ngx_http_idempotency_op_t  *op;
+    int                            argc;
+    u_char                         px[NGX_INT_T_LEN];
+    size_t                         argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    const char                    *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    ngx_http_idempotency_op_t     *op;
+    ngx_http_idempotency_reply_pt  handler;
 
-    ngx_http_idempotency_cas_args(argv, argvlen, &f->rkey,
-                                  f->value ? f->value : f->claim,
-                                  f->value ? f->len
-                                           : NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
-                                  f->claim);
-    argv[5] = "GET";
-    argvlen[5] = 3;
-    argv[6] = "PX";
-    argvlen[6] = 2;
-    argv[7] = (const char *) px;
-    argvlen[7] = ngx_http_idempotency_decimal(px, f->value ? f->ttl : 1) - px;
+    if (f->value == NULL && ngx_http_idempotency_has_delifeq(redis)) {
+        /* a release: the claim deleted at once, if it is still the claim */
+        argc = ngx_http_idempotency_delifeq_args(redis, argv, argvlen,
+                                                 &f->rkey, f->claim,
+                                                 NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        handler = ngx_http_idempotency_native_released;
 
-    op = ngx_http_idempotency_finish_op(redis, f,
-                                        ngx_http_idempotency_native_done);
+    } else {
+        argc = ngx_http_idempotency_native_args(argv, argvlen, &f->rkey,
+                                                f->value, f->len, f->claim,
+                                                f->ttl, px);
+        handler = ngx_http_idempotency_native_done;
+    }
+
+    op = ngx_http_idempotency_finish_op(redis, f, handler);
     if (op == NULL) {
         return NGX_ERROR;
     }
 
-    if (ngx_http_idempotency_redis_command(op, 8, argv, argvlen) != NGX_OK) {
-
+    if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
+        != NGX_OK)
+    {
         /* no connection now: kept, and sent when there is one */
 
-        op = ngx_http_idempotency_finish_op(redis, f,
-                                            ngx_http_idempotency_native_done);
+        op = ngx_http_idempotency_finish_op(redis, f, handler);
 
         if (op == NULL
-            || ngx_http_idempotency_retry_command(op, 8, argv, argvlen)
+            || ngx_http_idempotency_retry_command(op, argc, argv, argvlen)
                != NGX_OK)
         {
             return NGX_ERROR;
@@ -452,6 +460,99 @@ ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
     ngx_http_idempotency_publish(redis, &f->rkey, f->value != NULL);
 
     return NGX_OK;
+}
+
+
+/*
+ * SET <key> <value> IFEQ <claim> GET PX <ttl>; a release (no value) sets
+ * the claim to itself for a millisecond
+ */
+
+static int
+ngx_http_idempotency_native_args(const char **argv, size_t *argvlen,
+    ngx_str_t *rkey, u_char *value, size_t len, u_char *claim, ngx_msec_t ttl,
+    u_char *px)
+{
+    ngx_http_idempotency_cas_args(argv, argvlen, rkey,
+                                  value ? value : claim,
+                                  value ? len : NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
+                                  claim);
+    argv[5] = "GET";
+    argvlen[5] = 3;
+    argv[6] = "PX";
+    argvlen[6] = 2;
+    argv[7] = (const char *) px;
+    argvlen[7] = ngx_http_idempotency_decimal(px, value ? ttl : 1) - px;
+
+    return NGX_HTTP_IDEMPOTENCY_FINISH_ARGS;
+}
+
+
+/*
+ * A release's compare-and-delete: 1 released.  0: the key holds something
+ * other than the claim as known, and only a renewal this release did not
+ * know of is still the owner's; the compare-and-set that returns what is
+ * there (as where the server has no compare-and-delete) tells, and follows
+ * it.  A refused delete goes that way too, once said.
+ */
+
+static void
+ngx_http_idempotency_native_released(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    int                             argc;
+    u_char                          px[NGX_INT_T_LEN];
+    size_t                          argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    ngx_str_t                       rkey;
+    const char                     *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
+    ngx_http_idempotency_key_op_t  *kop, *again;
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        if (ngx_http_idempotency_delifeq_refused(op->redis, reply)
+            != NGX_OK)
+        {
+            ngx_http_idempotency_finish_done(op, reply);
+            return;
+        }
+
+    } else if (reply == NULL
+               || reply->type != REDIS_REPLY_INTEGER
+               || reply->integer != 0
+               || op->resent
+               || ngx_http_idempotency_key_op(op)->orphan)
+    {
+        /*
+         * released (1), or no reply: as the script's; and a 0 where no
+         * renewal can be behind it: a release sent again (its first
+         * attempt ran, most likely), a lost claim's (never renewed)
+         */
+        ngx_http_idempotency_finish_done(op, reply);
+        return;
+    }
+
+    kop = ngx_http_idempotency_key_op(op);
+
+    again = ngx_http_idempotency_key_op_copy(kop);
+
+    if (again) {
+        again->op.handler = ngx_http_idempotency_native_done;
+        again->op.again = 1;
+
+        rkey.data = op->rkey;
+        rkey.len = op->rkey_len;
+
+        argc = ngx_http_idempotency_native_args(argv, argvlen, &rkey, NULL, 0,
+                                                again->claim, 0, px);
+
+        if (ngx_http_idempotency_redis_command(&again->op, argc, argv,
+                                               argvlen)
+            == NGX_OK)
+        {
+            return;
+        }
+    }
+
+    ngx_http_idempotency_finish_done(op, reply);
 }
 
 

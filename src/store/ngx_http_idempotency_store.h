@@ -218,17 +218,27 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
 
 /*
  * The server compares and sets natively (SET ... IFEQ, its old value back
- * with GET, matched or not): Valkey 8.1 and later.  Where scripting is
- * forbidden (SCRIPT LOAD refused) finishes, renewals and take-overs go
- * that way and need no script, so such an ACL takes no guarantee away.
- * Where scripts run they stay: they release a key at once, where SET IFEQ
- * can only let it expire a millisecond later.
+ * with GET, matched or not): Valkey 8.1 and Redis 8.4 and later.  It
+ * compares and deletes (DELIFEQ on Valkey 9.0, DELEX ... IFEQ on Redis
+ * 8.4; not where a target mixes both kinds, each lacking the other's).
+ * Where both are there, finishes, renewals, take-overs and releases are
+ * native commands, cheaper than the scripts and needing none (until the
+ * server refuses the delete: an ACL from before, said once at warn).
+ * Where only SET IFEQ is, the scripts stay while they may run: a release
+ * by SET IFEQ lets a key expire a millisecond later, not at once; where
+ * scripting is forbidden (SCRIPT LOAD refused) it is the way, and no
+ * guarantee is lost.
  */
 #define ngx_http_idempotency_has_ifeq(redis)                                  \
-    ((redis)->valkey && (redis)->server_version >= 80100)
+    ((redis)->server_version >= ((redis)->valkey ? 80100 : 80400))
+
+#define ngx_http_idempotency_has_delifeq(redis)                               \
+    (!(redis)->mixed && !(redis)->del_refused                                 \
+     && (redis)->server_version >= ((redis)->valkey ? 90000 : 80400))
 
 #define ngx_http_idempotency_native_cas(redis)                                \
-    ((redis)->script_refused && ngx_http_idempotency_has_ifeq(redis))
+    (ngx_http_idempotency_has_ifeq(redis)                                     \
+     && ((redis)->script_refused || ngx_http_idempotency_has_delifeq(redis)))
 
 
 /* op.c: the store's commands */
@@ -254,6 +264,11 @@ ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
 ngx_int_t ngx_http_idempotency_take_result(redisReply *reply);
 void ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_str_t *rkey, u_char *value, size_t len, u_char *expected);
+int ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
+    const char **argv, size_t *argvlen, ngx_str_t *rkey, u_char *expected,
+    size_t len);
+ngx_int_t ngx_http_idempotency_delifeq_refused(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply);
 ngx_int_t ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *claim);
 ngx_int_t ngx_http_idempotency_touch_result(redisReply *reply,
@@ -276,7 +291,9 @@ ngx_uint_t ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
     ngx_uint_t force);
 ngx_int_t ngx_http_idempotency_purge_native_command(
     ngx_http_idempotency_op_t *op, ngx_str_t *rkey, u_char *value,
-    size_t len);
+    size_t len, ngx_uint_t del);
+ngx_int_t ngx_http_idempotency_purge_del_result(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply);
 
 /* seen.c: which key first carried a request */
 ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,

@@ -320,4 +320,26 @@ sub nginx_test {
     return ($out =~ /test is successful/ ? 1 : 0, $out);
 }
 
+# server_caps([port]) -> {kind, version ("8.1.1"), ifeq, delifeq, native}:
+# what the server at port (the suite's by default) has of the commands the
+# store picks at its handshake: SET IFEQ (Valkey 8.1, Redis 8.4), a
+# compare-and-delete (DELIFEQ on Valkey 9.0, DELEX on Redis 8.4) and so
+# the native path even where scripts may run
+push @EXPORT, 'server_caps';
+sub server_caps {
+    my $port = shift // ($ENV{TEST_NGINX_REDIS_PORT} || 6379);
+    my $info = redis_cli_at($port, 'INFO', 'server');
+    my ($kind, $v) = ('valkey', $info =~ /^valkey_version:([\d.]+)/m);
+    ($kind, $v) = ('redis', $info =~ /^redis_version:([\d.]+)/m)
+        unless defined $v;
+    my ($maj, $min) = split /\./, $v // '0.0';
+    my $n = $maj * 100 + $min;
+    my %c = (kind => $kind, version => $v // 'unknown',
+             ifeq => $n >= ($kind eq 'valkey' ? 801 : 804),
+             delifeq => $n >= ($kind eq 'valkey' ? 900 : 804));
+    $c{native} = $c{ifeq} && $c{delifeq};
+    $c{del} = $kind eq 'valkey' ? 'delifeq' : 'delex';
+    return \%c;
+}
+
 1;
