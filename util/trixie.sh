@@ -101,7 +101,7 @@ t/027-redis-resend.t t/031-redis-cluster.t t/033-redis-wait.t \
 t/034-store.t t/034-store-cluster.t t/035-wake.t t/040-large-reply.t \
 t/043-waitaof.t t/044-at-most-once.t t/045-faults.t t/048-encrypt.t \
 t/048-wait-release.t \
-t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t}
+t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t t/055-release-order.t}
 out=${TRIXIE_OUT:-$top/build/trixie}
 if [ "$mode" = bench ]; then
     run_timeout=${TRIXIE_TIMEOUT:-1800}

@@ -23,6 +23,8 @@ static void ngx_http_idempotency_conn_connected(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_conn_read(ngx_event_t *rev);
 static void ngx_http_idempotency_conn_write(ngx_event_t *wev);
+static ssize_t ngx_http_idempotency_conn_send(
+    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level,
     u_char *buf, size_t len);
 
@@ -536,6 +538,46 @@ ngx_http_idempotency_conn_write_now(ngx_http_idempotency_node_t *node,
 }
 
 
+/*
+ * What is queued, written now as far as the socket takes it: a release
+ * goes before the response that lets its client retry elsewhere, which
+ * may otherwise run first and find the claim.  The rest, and any error,
+ * are left to the posted flush, so no caller meets a failure here.
+ */
+
+void
+ngx_http_idempotency_conn_push(ngx_http_idempotency_node_t *node)
+{
+    if (node->ready && node->conn) {
+        (void) ngx_http_idempotency_conn_send(node);
+    }
+}
+
+
+/* the queued bytes to the socket: NGX_OK all, NGX_AGAIN, NGX_ERROR */
+
+static ssize_t
+ngx_http_idempotency_conn_send(ngx_http_idempotency_node_t *node)
+{
+    ssize_t            n;
+    ngx_connection_t  *c;
+
+    c = node->conn;
+
+    while (node->out_pos < node->out_last) {
+        n = c->send(c, node->out_pos, node->out_last - node->out_pos);
+
+        if (n == NGX_AGAIN || n == NGX_ERROR) {
+            return n;
+        }
+
+        node->out_pos += n;
+    }
+
+    return NGX_OK;
+}
+
+
 void
 ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node)
 {
@@ -549,26 +591,20 @@ ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    while (node->out_pos < node->out_last) {
-        n = c->send(c, node->out_pos, node->out_last - node->out_pos);
+    n = ngx_http_idempotency_conn_send(node);
 
-        if (n == NGX_AGAIN) {
-            if (ngx_handle_write_event(c->write, 0) != NGX_OK) {
-                ngx_http_idempotency_conn_fail(node, 0,
-                                                 "lost the connection to");
-            }
-
-            return;
+    if (n == NGX_AGAIN) {
+        if (ngx_handle_write_event(c->write, 0) != NGX_OK) {
+            ngx_http_idempotency_conn_fail(node, 0, "lost the connection to");
         }
 
-        if (n == NGX_ERROR) {
-            err = ngx_socket_errno;
-            ngx_http_idempotency_conn_fail(node, err,
-                                             "lost the connection to");
-            return;
-        }
+        return;
+    }
 
-        node->out_pos += n;
+    if (n == NGX_ERROR) {
+        err = ngx_socket_errno;
+        ngx_http_idempotency_conn_fail(node, err, "lost the connection to");
+        return;
     }
 
     /* the buffer a large record needed is not kept for small claims */

@@ -764,6 +764,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
     op->rkey_len = 0;
     op->resend = 0;
     op->resent = 0;
+    op->urgent = 0;
     op->block = 0;
     op->buf = NULL;
     op->deadline = 0;
@@ -1018,6 +1019,10 @@ ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
 
     if (node->ready && !node->flush_ev.posted) {
         ngx_post_event(&node->flush_ev, &ngx_posted_events);
+    }
+
+    if (op->urgent) {
+        ngx_http_idempotency_conn_push(node);
     }
 }
 

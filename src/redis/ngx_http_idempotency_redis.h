@@ -272,6 +272,9 @@ struct ngx_http_idempotency_op_s {
     unsigned                         resend:1;   /* safe to send twice */
     unsigned                         resent:1;
 
+    /* written at once, not at the end of the event loop's turn */
+    unsigned                         urgent:1;
+
     /* the server may hold the reply this long (WAIT's timeout) */
     ngx_msec_t                       block;
 
@@ -485,6 +488,7 @@ void ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
     ngx_err_t err, const char *what);
 void ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_conn_flush(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_conn_push(ngx_http_idempotency_node_t *node);
 u_char *ngx_http_idempotency_conn_reserve(ngx_http_idempotency_node_t *node,
     size_t len);
 ngx_int_t ngx_http_idempotency_conn_write_now(

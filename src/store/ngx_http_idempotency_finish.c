@@ -193,6 +193,10 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     op = &kop->op;
     op->handler = handler;
     op->again = 1;
+
+    /* a release: in Redis before its response reaches a retrying client */
+    op->urgent = (f->value == NULL);
+
     kop->info_len = f->info ? f->info->len : 0;
 
     if (f->info) {
