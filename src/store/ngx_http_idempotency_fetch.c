@@ -96,9 +96,9 @@ ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
 
 
 /*
- * The delete of exactly what was read.  With del, and where the server
- * compares and deletes: DELIFEQ or DELEX ... IFEQ, 1 deleted, 0 not.
- * Else SET <key> <value> IFEQ <value> GET PX 1, the record set to itself
+ * The delete of exactly what was read.  With del (the caller knows the
+ * server compares and deletes): DELIFEQ or DELEX ... IFEQ, 1 deleted, 0
+ * not.  Else SET <key> <value> IFEQ <value> GET PX 1, the record set to itself
  * for a millisecond, its old value back, matched or not: the caller
  * compares it with what it read.  On NGX_ERROR the op has been freed.
  */
@@ -111,7 +111,7 @@ ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
     size_t       argvlen[8];
     const char  *argv[8];
 
-    if (del && ngx_http_idempotency_has_delifeq(op->redis)) {
+    if (del) {
         argc = ngx_http_idempotency_delifeq_args(op->redis, argv, argvlen,
                                                  rkey, value, len);
 

@@ -521,15 +521,9 @@ ngx_http_idempotency_native_released(ngx_http_idempotency_op_t *op,
 
     } else if (reply == NULL
                || reply->type != REDIS_REPLY_INTEGER
-               || reply->integer != 0
-               || op->resent
-               || ngx_http_idempotency_key_op(op)->orphan)
+               || reply->integer != 0)
     {
-        /*
-         * released (1), or no reply: as the script's; and a 0 where no
-         * renewal can be behind it: a release sent again (its first
-         * attempt ran, most likely), a lost claim's (never renewed)
-         */
+        /* released (1), or no reply: as the script's */
         ngx_http_idempotency_finish_done(op, reply);
         return;
     }
@@ -541,6 +535,9 @@ ngx_http_idempotency_native_released(ngx_http_idempotency_op_t *op,
     if (again) {
         again->op.handler = ngx_http_idempotency_native_done;
         again->op.again = 1;
+
+        /* sent again, its own first attempt may be what freed the key */
+        again->op.resent = op->resent;
 
         rkey.data = op->rkey;
         rkey.len = op->rkey_len;
