@@ -79,6 +79,15 @@ typedef enum {
 } ngx_http_idempotency_problem_e;
 
 
+/* an RFC 9457 problem: the status, the code (also the type's fragment) */
+typedef struct {
+    ngx_uint_t                       status;
+    ngx_str_t                        name;
+    ngx_str_t                        title;
+    ngx_str_t                        detail;
+} ngx_http_idempotency_problem_t;
+
+
 typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
 
 
@@ -265,6 +274,9 @@ void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t status);
+ngx_int_t ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
+    ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
 
