@@ -339,6 +339,17 @@ chomp $seen;
 is($seen, unpack('H*', $odd),
    "...python3's json.loads reads the view, and the bytes come back");
 
+# --- Redis stalled beyond idempotency_redis_timeout (1s): 503 ------------------
+
+my $cli = $ENV{REDIS_CLI} || 'redis-cli';
+system("$cli -p $redis_port DEBUG SLEEP @{[ 2.5 * $slow ]} >/dev/null &");
+sleep 0.2;
+$r = req('GET', "/admin?key=$run-odd&scope=tenant-42");
+problem($r, 503, 'admin-store-unavailable', qr/idempotency_redis_timeout/,
+        'Redis stalled');
+like($r->{head}, qr/^Retry-After: 1\r?$/mi, '...with Retry-After');
+sleep 2.5 * $slow;
+
 is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');
 
 done_testing();
