@@ -231,24 +231,26 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
 {
     ngx_int_t                          rc;
     ngx_str_t                          arg;
-    ngx_pool_cleanup_t                *cln;
-    ngx_http_idempotency_admin_ctx_t  *ctx;
-
     ngx_uint_t                         problem;
+    ngx_pool_cleanup_t                *cln;
     ngx_http_idempotency_loc_conf_t   *conf;
-
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
+    ngx_http_idempotency_admin_ctx_t  *ctx;
 
     conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
-    /* after the access phase: realip, allow and deny have had their say */
+    /*
+     * After the access phase: realip, allow and deny have had their say.
+     * A remote client is told nothing more, not even the methods.
+     */
 
     if (conf->admin == 1 && !ngx_http_idempotency_admin_local(r->connection))
     {
         return ngx_http_idempotency_admin_refuse(r, conf,
                                           NGX_HTTP_IDEMPOTENCY_ADMIN_REMOTE);
+    }
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))) {
+        return NGX_HTTP_NOT_ALLOWED;
     }
 
     rc = ngx_http_discard_request_body(r);
@@ -855,11 +857,10 @@ static void
 ngx_http_idempotency_admin_purged(ngx_http_idempotency_admin_ctx_t *ctx,
     ngx_int_t result)
 {
-    ngx_http_request_t  *r;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
 
     r = ctx->request;
-
-    ngx_http_core_loc_conf_t  *clcf;
 
     switch (result) {
 
