@@ -120,7 +120,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NULL },
 
     { ngx_string("idempotency_admin"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_idempotency_admin,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
@@ -633,6 +633,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         imcf = ngx_http_conf_get_module_main_conf(cf,
                                                   ngx_http_idempotency_module);
         imcf->wakeups = 1;
+    }
+
+    if (ngx_http_idempotency_admin_merge(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
     }
 
     if (conf->enable || conf->admin) {

@@ -459,8 +459,12 @@ is(join('', log_problems($log)), '', 'no alert, crash or sanitizer report');
     my ($b64) = $res =~ /"body":"([^"]*)"/;
     is(MIME::Base64::decode_base64($b64 // ''), $file{small},
        '...and its body with &body=1');
-    like($get->($b_port, "key=${run}seal-small"), qr{^HTTP/1\.[01] 502}m,
-         'admin: without its key, 502, never shown');
+    # what is clear in it, not a 502 (issue 29): the id of its key
+    $res = $get->($b_port, "key=${run}seal-small&body=1");
+    like($res, qr{^HTTP/1\.[01] 200}m, 'admin: without its key, 200');
+    like($res, qr/"sealed":\{"key_id":"key-a","opened":false,/,
+         '...the id of the key that sealed it, not opened') or diag $res;
+    unlike($res, qr/PLAINTEXT|"body":"/, '...its headers and body never shown');
 }
 
 nginx_stop($edge);

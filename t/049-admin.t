@@ -3,6 +3,14 @@
 # stored headers, the body with &body=1; 404 without a record. DELETE
 # purges a completed or unknown record (204, logged at warn with the
 # client), refuses an in-progress claim (409) unless &force=1.
+# What an operator needs in an incident (issue 29, items 2, 3 and 9):
+# nginx -t refuses a view that names no Redis; every refusal is
+# problem+json that says what to send instead (no key, a malformed hash,
+# a claim in flight: &force=1, no record, a client not on loopback without
+# allow_remote); a sealed record without its key shows what is clear in
+# it, not a 502; the purge's log line names the key by its hash, never the
+# raw key or scope; the JSON stays JSON whatever bytes an upstream put in a
+# header.
 # Plain Test::More: its own nginx on 19996-19997.
 use strict;
 use warnings;
@@ -13,24 +21,94 @@ use JSON::PP;
 use IO::Socket::INET;
 use Digest::SHA qw(sha256_hex);
 use MIME::Base64 qw(decode_base64);
+use File::Temp qw(tempdir);
 use Time::HiRes qw(sleep);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
 
 my $slow = $ENV{TEST_ASAN} ? 3 : 1;
+my $py = $ENV{TEST_PYTHON} || '/usr/bin/python3';
 my ($port, $be_port) = (19996, 19997);
+my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $root = fleet_root('admin');
+my $base = 'https://errors.example/idempotency';
+
+# --- nginx -t: the view must name the Redis of what it inspects -------------
+
+my $tdir = tempdir(CLEANUP => 1);
+my ($ok, $out) = nginx_test($tdir, <<"EOC");
+    server {
+        listen 127.0.0.1:$port;
+        location /pay {
+            idempotency on;
+            idempotency_redis 127.0.0.1:$redis_port;
+            proxy_pass http://127.0.0.1:$be_port;
+        }
+        location = /admin {
+            idempotency_admin;
+        }
+    }
+EOC
+ok(!$ok, 'nginx -t: an admin without idempotency_redis is refused');
+like($out, qr/"idempotency_admin" in location "\/admin" has no "idempotency_redis", of its own or inherited: it would read the default 127\.0\.0\.1:6379, not the Redis of the locations it inspects/,
+     '...saying which location and what it would read') or diag $out;
+like($out, qr/nginx-t\.conf:\d+/, '...and where') or diag $out;
+
+($ok, $out) = nginx_test($tdir, <<"EOC");
+    server {
+        listen 127.0.0.1:$port;
+        idempotency_redis 127.0.0.1:$redis_port;
+        location /pay { idempotency on; proxy_pass http://127.0.0.1:$be_port; }
+        location = /admin { idempotency_admin; }
+        location = /admin-remote {
+            idempotency_admin allow_remote;
+            allow 10.0.0.0/8;
+            deny all;
+        }
+    }
+EOC
+ok($ok, 'nginx -t: an inherited idempotency_redis, and allow_remote')
+    or diag $out;
+
+($ok, $out) = nginx_test($tdir, <<"EOC");
+    server {
+        listen 127.0.0.1:$port;
+        idempotency_redis 127.0.0.1:$redis_port;
+        location = /admin { idempotency_admin remote; }
+    }
+EOC
+like($out, qr/invalid parameter "remote" of "idempotency_admin": the only one is "allow_remote"/,
+     'nginx -t: an unknown parameter is named') or diag $out;
+
+# --- the running view ---------------------------------------------------------
+
+open my $kf, '>', "$root/enc.key" or die;
+binmode $kf;
+print $kf join '', map { chr int rand 256 } 1 .. 32;
+close $kf;
+chmod 0600, "$root/enc.key";
+
+# an upstream header with 0x7f and bytes that are no UTF-8
+my $odd = "a\x7f\xff\xfeb";
 
 my $dir = nginx_conf('admin', <<"EOC", 1);
-    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT};
+    idempotency_redis 127.0.0.1:$redis_port;
     idempotency_redis_prefix admin:;
+    idempotency_problem_base_uri $base;
     server {
         listen 127.0.0.1:$port;
         idempotency_scope \$http_x_tenant;
+        set_real_ip_from 127.0.0.1;
+        real_ip_header X-Real-IP;
         location /pay {
             idempotency on;
             proxy_pass http://127.0.0.1:$be_port;
+        }
+        location /enc/ {
+            idempotency on;
+            idempotency_encrypt_key $root/enc.key id=k-2026;
+            proxy_pass http://127.0.0.1:$be_port/pay/;
         }
         location = /admin {
             idempotency_admin;
@@ -41,12 +119,28 @@ my $dir = nginx_conf('admin', <<"EOC", 1);
             idempotency_admin;
             deny all;
         }
+        location = /admin-open {
+            idempotency_admin;
+        }
+        location = /admin-enc {
+            idempotency_admin;
+            idempotency_encrypt_key $root/enc.key id=k-2026;
+        }
+        location = /admin-remote {
+            idempotency_admin allow_remote;
+            allow 10.0.0.0/8;
+            deny all;
+        }
     }
     server {
         listen 127.0.0.1:$be_port;
         location /pay {
             add_header X-Charge "ch_1";
             return 201 '{"id":"ch_1"}';
+        }
+        location /pay/odd {
+            add_header X-Odd "$odd";
+            return 201 'odd';
         }
         location /pay/slow {
             echo_sleep @{[ 1.5 * $slow ]};
@@ -60,9 +154,9 @@ sleep 0.3;
 my $run = int(time * 1000);
 
 sub req {
-    my ($method, $path) = @_;
+    my ($method, $path, $extra) = @_;
     my $s = IO::Socket::INET->new("127.0.0.1:$port") or return {};
-    print $s "$method $path HTTP/1.0\r\nHost: x\r\n\r\n";
+    print $s "$method $path HTTP/1.0\r\nHost: x\r\n" . ($extra // '') . "\r\n";
     local $/;
     my $res = <$s> // '';
     my ($status) = $res =~ m{^HTTP/1\.\d (\d+)};
@@ -130,6 +224,131 @@ is(req('DELETE', "/admin?key=$run-slow&scope=t1")->{status}, 409,
 is(req('DELETE', "/admin?key=$run-slow&scope=t1&force=1")->{status}, 204,
    '...unless &force=1');
 waitpid $pid, 0;
+
+# a problem+json answer: its status, content type, type and detail
+sub problem {
+    my ($r, $status, $code, $detail, $name) = @_;
+    is($r->{status}, $status, "$name: $status");
+    like($r->{head}, qr{^Content-Type: application/problem\+json}mi,
+         '...as application/problem+json');
+    my $j = json($r);
+    is($j->{type}, "$base#$code", "...type $code");
+    is($j->{status}, $status, '...its status member');
+    like($j->{detail} // '', $detail, '...a detail that says what to send');
+}
+
+$key = "$run-b";
+$r = http_post($port, $key, 'x', '/pay', "X-Tenant: tenant-42\r\n");
+is($r->{status}, 201, 'a charge is stored');
+sleep 0.2;
+
+problem(req('GET', '/admin'), 400, 'admin-key-missing',
+        qr/\?key=K .*\?hash=H/, 'no key');
+problem(req('GET', '/admin?hash=XYZ'), 400, 'admin-hash-invalid',
+        qr/\?hash= takes exactly 64 lowercase hexadecimal digits/,
+        'a malformed hash');
+problem(req('GET', '/admin?key=a%20b'), 400, 'admin-key-invalid',
+        qr/\?key= URL-decoded must be a key/, 'a key that is no key');
+problem(req('GET', "/admin?key=$key&scope=other"), 404, 'admin-no-record',
+        qr/another Redis, prefix, key secret or scope/, 'no record');
+
+# --- loopback only, unless allow_remote -------------------------------------
+
+is(req('GET', "/admin?key=$key&scope=tenant-42")->{status}, 200,
+   'a loopback client is answered');
+problem(req('GET', "/admin-open?key=$key&scope=tenant-42",
+            "X-Real-IP: 10.1.2.3\r\n"),
+        403, 'admin-remote-refused', qr/idempotency_admin allow_remote/,
+        'a client not on loopback, without allow_remote');
+$r = req('GET', "/admin-remote?key=$key&scope=tenant-42",
+         "X-Real-IP: 10.1.2.3\r\n");
+is($r->{status}, 200, 'allow_remote: a client that allow lets in is answered');
+is(json($r)->{state}, 'completed', '...with the record');
+$r = req('GET', "/admin-remote?key=$key&scope=tenant-42",
+         "X-Real-IP: 192.168.7.7\r\n");
+is($r->{status}, 403, '...one that deny keeps out is not');
+unlike($r->{body}, qr/"state"/, '...and sees no record');
+
+# --- a sealed record, with and without its key -------------------------------
+
+$r = http_post($port, "$run-enc", 'x', '/enc/x', "X-Tenant: tenant-42\r\n");
+is($r->{status}, 201, 'a sealed charge is stored');
+sleep 0.2;
+$r = req('GET', "/admin?key=$run-enc&scope=tenant-42&body=1");
+is($r->{status}, 200, 'a sealed record where no key is configured: 200');
+like($r->{head}, qr{^Content-Type: application/json}mi, '...as JSON');
+$j = json($r);
+is($j->{state}, 'completed', '...its state');
+like($j->{expires_at} // '', qr/^\d{4}-\d\d-\d\dT/, '...its expiry');
+like($j->{stored_at} // '', qr/^\d{4}-\d\d-\d\dT/, '...when it was stored');
+like($j->{fingerprint} // '', qr/^[0-9a-f]{64}$/, '...its fingerprint');
+is($j->{sealed}{key_id}, 'k-2026', '...the id of the key that sealed it');
+ok(defined $j->{sealed} && !$j->{sealed}{opened}, '...not opened');
+like($j->{sealed}{detail} // '', qr/no idempotency_encrypt_key/,
+     '...and why');
+ok(!defined $j->{headers} && !defined $j->{body}, '...no header or body');
+$j = json(req('GET', "/admin-enc?key=$run-enc&scope=tenant-42"));
+ok($j->{sealed}{opened}, 'with the key: opened');
+is($j->{status}, 201, '...its status');
+ok(scalar(grep { $_->[0] eq 'X-Charge' } @{ $j->{headers} || [] }),
+   '...its headers');
+$j = json(req('GET', "/admin?key=$key&scope=tenant-42"));
+ok(exists $j->{sealed} && !defined $j->{sealed}, 'a clear record: sealed null');
+
+# --- a claim in flight: 409 says &force=1 --------------------------------------
+
+$pid = fork // die;
+if ($pid == 0) {
+    http_post($port, "$run-slow", 'x', '/pay/slow', "X-Tenant: tenant-42\r\n");
+    exit 0;
+}
+sleep 0.4 * $slow;
+problem(req('DELETE', "/admin?key=$run-slow&scope=tenant-42"), 409,
+        'admin-in-progress', qr/Add &force=1/, 'DELETE of a claim in flight');
+waitpid $pid, 0;
+
+# --- the purge's log line: the hash, never the raw key or scope -------------
+
+$hash = sha256_hex("tenant-42\0$key");
+is(req('DELETE', "/admin?key=$key&scope=tenant-42")->{status}, 204,
+   'DELETE by key and scope: 204');
+my @purged = grep { /record purged.*\Q$hash\E/ }
+             lines_of("$dir/logs/error.log");
+is(scalar @purged, 1, 'its purge line');
+like($purged[0] // '', qr/\[warn\].*record purged by 127\.0\.0\.1, key hash \Q$hash\E, redis "127\.0\.0\.1:$redis_port", location "\/admin"/,
+     '...with the client, the key hash, the Redis and the location');
+unlike($purged[0] // '', qr/\Q$key\E|tenant-42|request:/,
+       '...and neither the raw key, nor the scope, nor the request line');
+
+# --- stored header bytes that are no UTF-8 ------------------------------------
+
+$r = http_post($port, "$run-odd", 'x', '/pay/odd', "X-Tenant: tenant-42\r\n");
+is($r->{status}, 201, 'an upstream header with 0x7f, 0xff and 0xfe is stored');
+sleep 0.2;
+$r = req('GET', "/admin?key=$run-odd&scope=tenant-42");
+is($r->{status}, 200, '...and viewed');
+open my $fh, '>', "$root/odd.json" or die;
+binmode $fh;
+print $fh $r->{body};
+close $fh;
+my $seen = `$py -c 'import json, sys
+d = json.load(open(sys.argv[1], "rb"))
+print([v for n, v in d["headers"] if n == "X-Odd"][0].encode("latin-1").hex())
+' $root/odd.json 2>&1`;
+chomp $seen;
+is($seen, unpack('H*', $odd),
+   "...python3's json.loads reads the view, and the bytes come back");
+
+# --- Redis stalled beyond idempotency_redis_timeout (1s): 503 ------------------
+
+my $cli = $ENV{REDIS_CLI} || 'redis-cli';
+system("$cli -p $redis_port DEBUG SLEEP @{[ 2.5 * $slow ]} >/dev/null &");
+sleep 0.2;
+$r = req('GET', "/admin?key=$run-odd&scope=tenant-42");
+problem($r, 503, 'admin-store-unavailable', qr/idempotency_redis_timeout/,
+        'Redis stalled');
+like($r->{head}, qr/^Retry-After: 1\r?$/mi, '...with Retry-After');
+sleep 2.5 * $slow;
 
 is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');
 

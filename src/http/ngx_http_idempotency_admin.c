@@ -6,8 +6,11 @@
  * stub_status.  GET ?key=K[&scope=S] or ?hash=H answers with the record as
  * JSON (state, status, times, sizes, fingerprint, stored headers, and the
  * body with &body=1); DELETE purges a completed, unknown or too-large
- * record, an in-progress claim only with &force=1.  Access is nginx's own
- * (allow/deny, auth_basic); each purge is logged at warn.
+ * record, an in-progress claim only with &force=1.  Every refusal is a
+ * problem+json that says what to send instead.  Only loopback clients are
+ * answered unless the location says allow_remote, which is the operator's
+ * word that nginx's own access control (allow/deny, auth_*) guards it;
+ * each purge is logged at warn, by the key hash, never the raw key.
  */
 
 
@@ -25,13 +28,102 @@ typedef struct {
     size_t                           len;
     ngx_uint_t                       body;       /* &body=1 */
     ngx_uint_t                       force;      /* &force=1 */
+    ngx_log_t                        log;        /* without the request */
     unsigned                         found:1;
 } ngx_http_idempotency_admin_ctx_t;
 
 
+/* the admin's refusals, in the order of ngx_http_idempotency_admin_problems */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_ADMIN_NO_KEY = 0,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_HASH,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_KEY,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_REMOTE,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_CORRUPT,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE
+} ngx_http_idempotency_admin_problem_e;
+
+
+/*
+ * An operator reads these in a terminal, in the middle of an incident:
+ * each says what was wrong and what to send instead.  No double quote in
+ * them: the problem's builder copies them as they are.
+ */
+
+static ngx_http_idempotency_problem_t  ngx_http_idempotency_admin_problems[] =
+{
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("admin-key-missing"),
+      ngx_string("No key named"),
+      ngx_string("Name the record with ?key=K (the Idempotency-Key as the "
+                 "client sent it, URL-encoded) and &scope=S where the "
+                 "protected location sets idempotency_scope, or with "
+                 "?hash=H, the 64 hex digits of $idempotency_key_hash.") },
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("admin-hash-invalid"),
+      ngx_string("The hash argument is malformed"),
+      ngx_string("?hash= takes exactly 64 lowercase hexadecimal digits: the "
+                 "$idempotency_key_hash of the request, as the access log "
+                 "shows it.") },
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("admin-key-invalid"),
+      ngx_string("The key argument is not a valid Idempotency-Key"),
+      ngx_string("?key= URL-decoded must be a key the protected location "
+                 "accepts: a quoted string or a token of printable ASCII "
+                 "characters, at most idempotency_key_max_length bytes.") },
+
+    { NGX_HTTP_FORBIDDEN,
+      ngx_string("admin-remote-refused"),
+      ngx_string("This view answers loopback clients only"),
+      ngx_string("idempotency_admin answers clients of 127.0.0.0/8, ::1 and "
+                 "unix sockets. To serve others, protect the location with "
+                 "allow and deny or auth_basic or auth_request, and write "
+                 "idempotency_admin allow_remote.") },
+
+    { NGX_HTTP_NOT_FOUND,
+      ngx_string("admin-no-record"),
+      ngx_string("No record for this key"),
+      ngx_string("Redis holds no record under this name: the key expired, "
+                 "was purged or never came, or this location names it with "
+                 "another Redis, prefix, key secret or scope than the "
+                 "protected location does.") },
+
+    { NGX_HTTP_CONFLICT,
+      ngx_string("admin-in-progress"),
+      ngx_string("A request with this key is in progress"),
+      ngx_string("Not purged: the record is the claim of a request still "
+                 "running, or it changed between the read and the delete "
+                 "(look again). Add &force=1 to purge a claim anyway: the "
+                 "next retry then runs the request again, perhaps while the "
+                 "first still runs.") },
+
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_string("admin-record-corrupt"),
+      ngx_string("The record does not decode"),
+      ngx_string("Redis holds something under this name that is no record "
+                 "of this module: see the error log. DELETE removes it.") },
+
+    { NGX_HTTP_SERVICE_UNAVAILABLE,
+      ngx_string("admin-store-unavailable"),
+      ngx_string("Redis did not answer"),
+      ngx_string("Redis did not answer within idempotency_redis_timeout, or "
+                 "refused the command: see the error log. A DELETE may have "
+                 "taken effect: look again.") }
+};
+
+
 static ngx_int_t ngx_http_idempotency_admin_handler(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_idempotency_admin_local(ngx_connection_t *c);
+static ngx_int_t ngx_http_idempotency_admin_refuse(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem);
+static void ngx_http_idempotency_admin_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem);
 static ngx_int_t ngx_http_idempotency_admin_key(ngx_http_request_t *r,
-    ngx_http_idempotency_admin_ctx_t *ctx);
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t *problem);
 static ngx_http_idempotency_op_t *ngx_http_idempotency_admin_op(
     ngx_http_idempotency_admin_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_admin_send(
@@ -54,13 +146,12 @@ static ngx_http_idempotency_admin_ctx_t *ngx_http_idempotency_admin_value(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_admin_purged(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t result);
-static ngx_int_t ngx_http_idempotency_admin_json(ngx_http_request_t *r,
-    ngx_http_idempotency_admin_ctx_t *ctx, long long pttl, ngx_buf_t **out);
-static u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
 static void ngx_http_idempotency_admin_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_admin_cleanup(void *data);
 static void ngx_http_idempotency_admin_finish(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t rc, ngx_buf_t *b);
+static void ngx_http_idempotency_admin_fail(
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t problem);
 
 
 char *
@@ -68,7 +159,24 @@ ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
+    ngx_str_t                 *value;
     ngx_http_core_loc_conf_t  *clcf;
+
+    if (ilcf->admin) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts > 1
+        && (value[1].len != sizeof("allow_remote") - 1
+            || ngx_strncmp(value[1].data, "allow_remote", value[1].len) != 0))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" of \"idempotency_admin\": "
+                           "the only one is \"allow_remote\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = ngx_http_idempotency_admin_handler;
@@ -79,9 +187,42 @@ ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ilcf->enable = 0;
     }
 
-    ilcf->admin = 1;
+    ilcf->admin = cf->args->nelts > 1 ? 2 : 1;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * nginx -t: a view that names no Redis would read the default
+ * 127.0.0.1:6379, whatever the protected locations use, and answer "no
+ * record" for every key: refused, as there is nothing sensible to read.
+ * The prefix, secret and encryption keys have defaults that mean something
+ * (and the protected locations may differ among themselves): documented.
+ */
+
+char *
+ngx_http_idempotency_admin_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (!conf->admin || !conf->redis_default) {
+        return NGX_CONF_OK;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                  "\"idempotency_admin\" in location \"%V\" has no "
+                  "\"idempotency_redis\", of its own or inherited: it would "
+                  "read the default %V, not the Redis of the locations it "
+                  "inspects; set their \"idempotency_redis\" (and prefix, "
+                  "key secret and encryption keys) here or in server{} or "
+                  "http{} in %V:%ui", &clcf->name, &conf->redis->name,
+                  &conf->conf_file, conf->conf_line);
+
+    return NGX_CONF_ERROR;
 }
 
 
@@ -90,8 +231,23 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
 {
     ngx_int_t                          rc;
     ngx_str_t                          arg;
+    ngx_uint_t                         problem;
     ngx_pool_cleanup_t                *cln;
+    ngx_http_idempotency_loc_conf_t   *conf;
     ngx_http_idempotency_admin_ctx_t  *ctx;
+
+    conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    /*
+     * After the access phase: realip, allow and deny have had their say.
+     * A remote client is told nothing more, not even the methods.
+     */
+
+    if (conf->admin == 1 && !ngx_http_idempotency_admin_local(r->connection))
+    {
+        return ngx_http_idempotency_admin_refuse(r, conf,
+                                          NGX_HTTP_IDEMPOTENCY_ADMIN_REMOTE);
+    }
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))) {
         return NGX_HTTP_NOT_ALLOWED;
@@ -108,11 +264,26 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
     }
 
     ctx->request = r;
-    ctx->conf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+    ctx->conf = conf;
 
-    rc = ngx_http_idempotency_admin_key(r, ctx);
+    /*
+     * The module's own lines about this request go without nginx's
+     * "request:" context: it holds ?key= and ?scope= as the client sent
+     * them, and these lines name the key by its hash alone
+     */
+
+    ctx->log = *r->connection->log;
+    ctx->log.handler = NULL;
+    ctx->log.data = NULL;
+
+    rc = ngx_http_idempotency_admin_key(r, ctx, &problem);
+
+    if (rc == NGX_DECLINED) {
+        return ngx_http_idempotency_admin_refuse(r, conf, problem);
+    }
+
     if (rc != NGX_OK) {
-        return rc;
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     if (ngx_http_arg(r, (u_char *) "body", 4, &arg) == NGX_OK) {
@@ -138,7 +309,10 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
     if (ngx_http_idempotency_admin_send(ctx, r->method == NGX_HTTP_DELETE)
         != NGX_OK)
     {
-        return NGX_HTTP_SERVICE_UNAVAILABLE;
+        ngx_http_idempotency_admin_cleanup(ctx);
+
+        return ngx_http_idempotency_admin_refuse(r, conf,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
     }
 
     ngx_add_timer(&ctx->timeout, ctx->conf->redis_timeout);
@@ -149,11 +323,91 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
 }
 
 
+/*
+ * Loopback, as the connection's address is after realip: IPv4 127/8, ::1,
+ * 127/8 mapped into IPv6, and a unix socket (its file's mode guards it)
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_admin_local(ngx_connection_t *c)
+{
+    struct sockaddr_in   *sin;
+#if (NGX_HAVE_INET6)
+    struct sockaddr_in6  *sin6;
+#endif
+
+    switch (c->sockaddr->sa_family) {
+
+    case AF_INET:
+        sin = (struct sockaddr_in *) c->sockaddr;
+        return (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+
+#if (NGX_HAVE_INET6)
+    case AF_INET6:
+        sin6 = (struct sockaddr_in6 *) c->sockaddr;
+
+        if (IN6_IS_ADDR_V4MAPPED(&sin6->sin6_addr)) {
+            return sin6->sin6_addr.s6_addr[12] == 127;
+        }
+
+        return IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
+#endif
+
+#if (NGX_HAVE_UNIX_DOMAIN)
+    case AF_UNIX:
+        return 1;
+#endif
+
+    default:
+        return 0;
+    }
+}
+
+
+/* a refusal from the content handler, which then returns NGX_DONE */
+
+static ngx_int_t
+ngx_http_idempotency_admin_refuse(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem)
+{
+    r->main->count++;
+
+    ngx_http_idempotency_admin_problem(r, conf, problem);
+
+    return NGX_DONE;
+}
+
+
+/* the problem+json of the module's other answers, finalized */
+
+static void
+ngx_http_idempotency_admin_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem)
+{
+    ngx_int_t                        rc;
+    ngx_http_idempotency_problem_t  *pr;
+
+    static ngx_str_t  invalid_request = ngx_string("invalid_request_error");
+    static ngx_str_t  api_error = ngx_string("api_error");
+
+    pr = &ngx_http_idempotency_admin_problems[problem];
+
+    rc = ngx_http_idempotency_send_problem_of(r, conf, pr, pr->status,
+                                              pr->status < 500
+                                              ? &invalid_request : &api_error,
+                                              pr->status
+                                              == NGX_HTTP_SERVICE_UNAVAILABLE);
+    if (rc != NGX_DONE) {
+        ngx_http_finalize_request(r, rc);
+    }
+}
+
+
 /* the record key: <prefix>{hash} from ?hash=, or from ?key= and ?scope= */
 
 static ngx_int_t
 ngx_http_idempotency_admin_key(ngx_http_request_t *r,
-    ngx_http_idempotency_admin_ctx_t *ctx)
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t *problem)
 {
     u_char                      *p, *dst, *src;
     ngx_str_t                    arg, raw, key, scope;
@@ -162,22 +416,24 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
 
     if (ngx_http_arg(r, (u_char *) "hash", 4, &arg) == NGX_OK) {
 
+        *problem = NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_HASH;
+
         if (arg.len != 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN) {
-            return NGX_HTTP_BAD_REQUEST;
+            return NGX_DECLINED;
         }
 
         for (i = 0; i < arg.len; i++) {
             if (!((arg.data[i] >= '0' && arg.data[i] <= '9')
                   || (arg.data[i] >= 'a' && arg.data[i] <= 'f')))
             {
-                return NGX_HTTP_BAD_REQUEST;
+                return NGX_DECLINED;
             }
         }
 
         ctx->rkey.len = ctx->conf->prefix.len + 2 + arg.len;
         ctx->rkey.data = ngx_pnalloc(r->pool, ctx->rkey.len);
         if (ctx->rkey.data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_ERROR;
         }
 
         p = ngx_cpymem(ctx->rkey.data, ctx->conf->prefix.data,
@@ -190,7 +446,8 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
     }
 
     if (ngx_http_arg(r, (u_char *) "key", 3, &arg) != NGX_OK || arg.len == 0) {
-        return NGX_HTTP_BAD_REQUEST;
+        *problem = NGX_HTTP_IDEMPOTENCY_ADMIN_NO_KEY;
+        return NGX_DECLINED;
     }
 
     /* the key as the client sent it in its header, URL-encoded here */
@@ -198,7 +455,7 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
     raw.data = ngx_pnalloc(r->pool, arg.len + 1);
     key.data = ngx_pnalloc(r->pool, arg.len + 1);
     if (raw.data == NULL || key.data == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
     dst = raw.data;
@@ -210,7 +467,8 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
                                        ctx->conf->key_max_length)
         != NGX_OK)
     {
-        return NGX_HTTP_BAD_REQUEST;
+        *problem = NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_KEY;
+        return NGX_DECLINED;
     }
 
     ngx_str_null(&scope);
@@ -218,7 +476,7 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
     if (ngx_http_arg(r, (u_char *) "scope", 5, &arg) == NGX_OK) {
         scope.data = ngx_pnalloc(r->pool, arg.len + 1);
         if (scope.data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_ERROR;
         }
 
         dst = scope.data;
@@ -231,7 +489,7 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
     kctx.conf = ctx->conf;
 
     if (ngx_http_idempotency_key_name(r, &kctx, &scope, &key) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
     ctx->rkey = kctx.rkey;
@@ -378,17 +636,26 @@ ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
 
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER || ctx->len == 0)
     {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
         return;
     }
 
     if (!ctx->found) {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_NOT_FOUND, NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                        NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND);
         return;
     }
 
-    rc = ngx_http_idempotency_admin_json(r, ctx, reply->integer, &b);
+    rc = ngx_http_idempotency_admin_view(r, ctx->conf, &ctx->log, &ctx->rkey,
+                                         ctx->value, ctx->len, reply->integer,
+                                         ctx->body, &b);
+
+    if (rc == NGX_HTTP_BAD_GATEWAY) {
+        ngx_http_idempotency_admin_fail(ctx,
+                                        NGX_HTTP_IDEMPOTENCY_ADMIN_CORRUPT);
+        return;
+    }
 
     ngx_http_idempotency_admin_finish(ctx, rc, b);
 }
@@ -407,8 +674,8 @@ ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
     ctx->get = NULL;
 
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
         return;
     }
 
@@ -441,8 +708,8 @@ ngx_http_idempotency_admin_value(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_admin_purged(ctx, 0);
 
     } else {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
     }
 
     return NULL;
@@ -483,8 +750,8 @@ ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
     ctx->len = reply->len;
 
     if (ngx_http_idempotency_admin_purge_send(ctx, 1) != NGX_OK) {
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
     }
 }
 
@@ -520,8 +787,8 @@ ngx_http_idempotency_admin_purge_del(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                      NULL);
+    ngx_http_idempotency_admin_fail(ctx,
+                                    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
 }
 
 
@@ -590,206 +857,39 @@ static void
 ngx_http_idempotency_admin_purged(ngx_http_idempotency_admin_ctx_t *ctx,
     ngx_int_t result)
 {
-    ngx_http_request_t  *r;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
 
     r = ctx->request;
 
     switch (result) {
 
     case 1:
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: record purged by %V, key hash %*s%s",
+        /* who, where and which key: the location's name is the config's */
+
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+        ngx_log_error(NGX_LOG_WARN, &ctx->log, 0,
+                      "idempotency: record purged by %V, key hash %*s%s, "
+                      "redis \"%V\", location \"%V\"",
                       &r->connection->addr_text,
                       (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
                       ctx->rkey.data + ctx->rkey.len - 1
                       - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ctx->force ? " (forced)" : "");
+                      ctx->force ? " (forced)" : "",
+                      &ctx->conf->redis->name, &clcf->name);
         ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_NO_CONTENT, NULL);
         return;
 
     case -1:
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_CONFLICT, NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                        NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS);
         return;
 
     default:
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_NOT_FOUND, NULL);
+        ngx_http_idempotency_admin_fail(ctx,
+                                        NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND);
     }
-}
-
-
-/*
- * {"state": ..., "status": ..., "stored_at": ..., "expires_at": ...,
- *  "lease_until": ..., "size": {"headers": N, "body": N},
- *  "fingerprint": "...", "headers": [[name, value], ...], "body": base64}
- * stored_at is the expiry less idempotency_ttl of this location.
- */
-
-static ngx_int_t
-ngx_http_idempotency_admin_json(ngx_http_request_t *r,
-    ngx_http_idempotency_admin_ctx_t *ctx, long long pttl, ngx_buf_t **out)
-{
-    u_char                         *p, *h;
-    size_t                          len;
-    uint64_t                        now, expires, lease;
-    ngx_int_t                       rc;
-    ngx_str_t                       name, value, src, dst;
-    ngx_buf_t                      *b;
-    ngx_uint_t                      i, kind, status, hsize;
-    const char                     *state;
-    ngx_http_idempotency_record_t   rec;
-
-    *out = NULL;
-
-    /* a sealed record is opened with the location's keys, as on replay */
-
-    rc = ngx_http_idempotency_crypt_open(ctx->conf->encrypt_keys,
-                                         r->connection->log, &ctx->rkey,
-                                         ctx->value, ctx->len, &rec);
-    if (rc == NGX_ERROR) {
-        return NGX_HTTP_BAD_GATEWAY;
-    }
-
-    if (rc == NGX_DECLINED
-        && ngx_http_idempotency_record_decode(ctx->value, ctx->len, &rec)
-           != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: corrupt record in redis \"%V\" at \"%V\" "
-                      "(%uz bytes)", &ctx->conf->redis->name, &ctx->rkey,
-                      ctx->len);
-        return NGX_HTTP_BAD_GATEWAY;
-    }
-
-    now = ngx_http_idempotency_epoch_msec();
-    expires = pttl > 0 ? now + (uint64_t) pttl : 0;
-    lease = 0;
-    status = rec.status;
-
-    switch (rec.state) {
-
-    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
-        kind = ngx_http_idempotency_lease_read(ctx->value, &status, now,
-                                               ctx->conf->lock_ttl / 3);
-
-        if (kind == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
-            state = "unknown";
-
-        } else {
-            state = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
-                    ? "unknown" : "in_progress";
-            lease = ngx_http_idempotency_lease_deadline(ctx->value);
-            status = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
-                     ? NGX_HTTP_BAD_GATEWAY : 0;
-        }
-
-        break;
-
-    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
-        state = "too_large";
-        break;
-
-    default:
-        state = "completed";
-    }
-
-    hsize = rec.headers_end ? (ngx_uint_t) (rec.headers_end - rec.headers)
-                            : 0;
-
-    /* the headers: each at most 6 times itself once escaped, plus quotes */
-    len = 512 + 6 * hsize + 8 * rec.nheaders;
-
-    if (ctx->body) {
-        len += ngx_base64_encoded_length(rec.body_len);
-    }
-
-    b = ngx_create_temp_buf(r->pool, len);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    p = b->last;
-
-    p = ngx_sprintf(p, "{\"state\":\"%s\",\"status\":", state);
-    p = status ? ngx_sprintf(p, "%ui", status) : ngx_cpymem(p, "null", 4);
-
-    p = ngx_cpymem(p, ",\"stored_at\":", sizeof(",\"stored_at\":") - 1);
-
-    if (expires && rec.state != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
-        && expires > ctx->conf->ttl)
-    {
-        p = ngx_http_idempotency_admin_time(p, expires - ctx->conf->ttl);
-
-    } else {
-        p = ngx_cpymem(p, "null", 4);
-    }
-
-    p = ngx_cpymem(p, ",\"expires_at\":", sizeof(",\"expires_at\":") - 1);
-    p = expires ? ngx_http_idempotency_admin_time(p, expires)
-                : ngx_cpymem(p, "null", 4);
-
-    p = ngx_cpymem(p, ",\"lease_until\":", sizeof(",\"lease_until\":") - 1);
-    p = lease ? ngx_http_idempotency_admin_time(p, lease)
-              : ngx_cpymem(p, "null", 4);
-
-    p = ngx_sprintf(p, ",\"size\":{\"headers\":%ui,\"body\":%uz},"
-                    "\"fingerprint\":\"", hsize, rec.body_len);
-    p = ngx_hex_dump(p, rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
-    p = ngx_cpymem(p, "\",\"headers\":[", sizeof("\",\"headers\":[") - 1);
-
-    h = rec.headers;
-
-    for (i = 0; i < rec.nheaders; i++) {
-        h = ngx_http_idempotency_record_next_header(h, &name, &value);
-
-        *p++ = i ? ',' : '[';
-
-        if (i) {
-            *p++ = '[';
-        }
-
-        *p++ = '"';
-        p = (u_char *) ngx_escape_json(p, name.data, name.len);
-        p = ngx_cpymem(p, "\",\"", 3);
-        p = (u_char *) ngx_escape_json(p, value.data, value.len);
-        *p++ = '"';
-        *p++ = ']';
-    }
-
-    *p++ = ']';
-
-    if (ctx->body && rec.body) {
-        p = ngx_cpymem(p, ",\"body\":\"", sizeof(",\"body\":\"") - 1);
-        src.data = rec.body;
-        src.len = rec.body_len;
-        dst.data = p;
-        ngx_encode_base64(&dst, &src);
-        p += dst.len;
-        *p++ = '"';
-    }
-
-    *p++ = '}';
-    *p++ = LF;
-
-    b->last = p;
-    *out = b;
-
-    return NGX_HTTP_OK;
-}
-
-
-/* RFC 3339, UTC, milliseconds */
-
-static u_char *
-ngx_http_idempotency_admin_time(u_char *p, uint64_t msec)
-{
-    ngx_tm_t  tm;
-
-    ngx_gmtime((time_t) (msec / 1000), &tm);
-
-    return ngx_sprintf(p, "\"%4d-%02d-%02dT%02d:%02d:%02d.%03uDZ\"",
-                       tm.ngx_tm_year, tm.ngx_tm_mon, tm.ngx_tm_mday,
-                       tm.ngx_tm_hour, tm.ngx_tm_min, tm.ngx_tm_sec,
-                       (uint32_t) (msec % 1000));
 }
 
 
@@ -798,8 +898,8 @@ ngx_http_idempotency_admin_timeout(ngx_event_t *ev)
 {
     ngx_http_idempotency_admin_ctx_t *ctx = ev->data;
 
-    ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                      NULL);
+    ngx_http_idempotency_admin_fail(ctx,
+                                    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
 }
 
 
@@ -821,6 +921,18 @@ ngx_http_idempotency_admin_cleanup(void *data)
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);
     }
+}
+
+
+/* a refusal, once; the ops still out no longer find the request */
+
+static void
+ngx_http_idempotency_admin_fail(ngx_http_idempotency_admin_ctx_t *ctx,
+    ngx_uint_t problem)
+{
+    ngx_http_idempotency_admin_cleanup(ctx);
+
+    ngx_http_idempotency_admin_problem(ctx->request, ctx->conf, problem);
 }
 
 

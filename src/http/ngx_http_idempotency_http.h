@@ -79,6 +79,15 @@ typedef enum {
 } ngx_http_idempotency_problem_e;
 
 
+/* an RFC 9457 problem: the status, the code (also the type's fragment) */
+typedef struct {
+    ngx_uint_t                       status;
+    ngx_str_t                        name;
+    ngx_str_t                        title;
+    ngx_str_t                        detail;
+} ngx_http_idempotency_problem_t;
+
+
 typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
 
 
@@ -125,7 +134,7 @@ typedef struct {
     ngx_flag_t                       problem_error_member;
     ngx_flag_t                       retry_hints;
     ngx_flag_t                       expires_header;
-    ngx_uint_t                       admin;      /* idempotency_admin */
+    ngx_uint_t                       admin;      /* 1, 2: allow_remote */
     ngx_msec_t                       fresh_detect;   /* 0: off */
 
     /* wait.c: WAIT (WAITAOF with aof) after a claim and a store */
@@ -265,6 +274,9 @@ void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t status);
+ngx_int_t ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
+    ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
 
@@ -317,6 +329,14 @@ void ngx_http_idempotency_fresh_detach(ngx_http_idempotency_ctx_t *ctx);
 /* admin.c: the operator's view of one key */
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idempotency_admin_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf);
+
+/* admin_view.c: the record as JSON */
+ngx_int_t ngx_http_idempotency_admin_view(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
+    u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
+    ngx_buf_t **out);
 
 /* outcome.c: what is known of the owner's execution */
 void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,

@@ -10,14 +10,6 @@
 #include "ngx_http_idempotency_http.h"
 
 
-typedef struct {
-    ngx_uint_t   status;
-    ngx_str_t    name;
-    ngx_str_t    title;
-    ngx_str_t    detail;
-} ngx_http_idempotency_problem_t;
-
-
 static ngx_int_t ngx_http_idempotency_send(ngx_http_request_t *r,
     u_char *data, size_t len);
 static ngx_int_t ngx_http_idempotency_add_header(ngx_http_request_t *r,
@@ -89,17 +81,10 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t unknown_status)
 {
-    u_char                          *body, *p;
-    size_t                           len;
-    uintptr_t                        escape;
-    ngx_str_t                        name, value, *type;
+    ngx_str_t                       *type;
     ngx_uint_t                       status, retry;
     ngx_http_idempotency_problem_t  *pr;
 
-    static ngx_str_t  retry_after = ngx_string("Retry-After");
-    static ngx_str_t  one = ngx_string("1");
-    static ngx_str_t  cache_control = ngx_string("Cache-Control");
-    static ngx_str_t  no_store = ngx_string("no-store");
     static ngx_str_t  idempotency_error = ngx_string("idempotency_error");
     static ngx_str_t  api_error = ngx_string("api_error");
 
@@ -120,6 +105,32 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     /* retrying helps for "in progress" and "unavailable" alone */
     retry = (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT
              || problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE);
+
+    return ngx_http_idempotency_send_problem_of(r, conf, pr, status, type,
+                                                retry);
+}
+
+
+/*
+ * A problem of any table (the admin has its own): the status, the type of
+ * the "error" member, and whether retrying can change the answer are the
+ * caller's.
+ */
+
+ngx_int_t
+ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
+    ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry)
+{
+    u_char     *body, *p;
+    size_t      len;
+    uintptr_t   escape;
+    ngx_str_t   name, value;
+
+    static ngx_str_t  retry_after = ngx_string("Retry-After");
+    static ngx_str_t  one = ngx_string("1");
+    static ngx_str_t  cache_control = ngx_string("Cache-Control");
+    static ngx_str_t  no_store = ngx_string("no-store");
 
     if (ngx_http_discard_request_body(r) != NGX_OK) {
         r->keepalive = 0;

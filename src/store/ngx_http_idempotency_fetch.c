@@ -157,3 +157,48 @@ ngx_http_idempotency_purge_del_result(ngx_http_idempotency_redis_t *redis,
 
     return NGX_ERROR;
 }
+
+
+/*
+ * What can be read of a sealed record without its key: the id of the key
+ * that sealed it, clear after the head (version 1 | id_len | id, as
+ * crypt.c writes it).  NGX_DECLINED: not sealed; NGX_ERROR: sealed, but no
+ * envelope this module knows, or its id is not printable.
+ */
+
+ngx_int_t
+ngx_http_idempotency_sealed_id(u_char *data, size_t len, ngx_str_t *id)
+{
+    u_char  *p;
+    size_t   i;
+
+    if (len <= NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+        || data[4] != NGX_HTTP_IDEMPOTENCY_REC_SEALED
+        || ngx_memcmp(data, NGX_HTTP_IDEMPOTENCY_MAGIC, 4) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    p = data + NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+
+    if (len < NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 || p[0] != 1) {
+        return NGX_ERROR;
+    }
+
+    id->len = p[1];
+    id->data = p + 2;
+
+    if (id->len == 0 || id->len > 32
+        || (size_t) (data + len - id->data) < id->len)
+    {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < id->len; i++) {
+        if (id->data[i] <= 0x20 || id->data[i] >= 0x7f) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}

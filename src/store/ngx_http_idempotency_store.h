@@ -294,6 +294,8 @@ ngx_int_t ngx_http_idempotency_purge_native_command(
     size_t len, ngx_uint_t del);
 ngx_int_t ngx_http_idempotency_purge_del_result(
     ngx_http_idempotency_redis_t *redis, redisReply *reply);
+ngx_int_t ngx_http_idempotency_sealed_id(u_char *data, size_t len,
+    ngx_str_t *id);
 
 /* seen.c: which key first carried a request */
 ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,

@@ -1,0 +1,315 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * idempotency_admin's view of one record, as JSON:
+ *
+ * {"state": ..., "status": ..., "stored_at": ..., "expires_at": ...,
+ *  "lease_until": ..., "size": {"headers": N, "body": N},
+ *  "fingerprint": "...", "sealed": null | {"key_id": ..., "opened": ...,
+ *  "detail": ...}, "headers": [[name, value], ...], "body": base64}
+ *
+ * stored_at is the expiry less idempotency_ttl of this location.  A sealed
+ * record that does not open here shows what is clear in it (state, times,
+ * fingerprint, the key id), its size and headers null.  Stored names and
+ * values are any bytes but CR, LF and NUL: every byte from 0x7f up is
+ * written \u00XX, so the answer is always JSON, and the bytes come back as
+ * the code points of the string (ISO 8859-1).
+ */
+
+
+#include "ngx_http_idempotency_http.h"
+
+
+static u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
+static u_char *ngx_http_idempotency_admin_escape(u_char *dst, u_char *src,
+    size_t size);
+
+
+/* the worst escaped byte: \u00XX */
+#define NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED  6
+
+
+ngx_int_t
+ngx_http_idempotency_admin_view(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
+    u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
+    ngx_buf_t **out)
+{
+    u_char                         *p, *h;
+    size_t                          len;
+    uint64_t                        now, expires, lease;
+    ngx_int_t                       rc, sealed;
+    ngx_str_t                       name, hvalue, src, dst, id;
+    ngx_buf_t                      *b;
+    ngx_uint_t                      i, kind, status, hsize, opened;
+    const char                     *state, *why;
+    ngx_http_idempotency_record_t   rec;
+
+    *out = NULL;
+
+    /*
+     * A sealed record is opened with the location's keys, as on replay;
+     * without them, what is clear in it is still worth showing
+     */
+
+    ngx_str_null(&id);
+
+    sealed = ngx_http_idempotency_sealed_id(value, vlen, &id);
+    opened = 0;
+    why = NULL;
+
+    if (sealed == NGX_DECLINED) {
+        if (ngx_http_idempotency_record_decode(value, vlen, &rec) != NGX_OK) {
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "idempotency: corrupt record in redis \"%V\" at "
+                          "\"%V\" (%uz bytes)", &conf->redis->name, rkey,
+                          vlen);
+            return NGX_HTTP_BAD_GATEWAY;
+        }
+
+    } else {
+        if (sealed == NGX_ERROR) {
+            ngx_str_null(&id);
+        }
+
+        if (conf->encrypt_keys == NULL) {
+            why = "no idempotency_encrypt_key in this location";
+
+        } else {
+            /* its line in the error log says why, by the key hash */
+
+            rc = ngx_http_idempotency_crypt_open(conf->encrypt_keys, log,
+                                                 rkey, value, vlen, &rec);
+            opened = (rc == NGX_OK);
+            why = "not opened with the keys of this location: see the "
+                  "error log";
+        }
+
+        if (!opened) {
+            /* sealed records are completed ones: the head alone is clear */
+            ngx_memzero(&rec, sizeof(ngx_http_idempotency_record_t));
+            rec.state = NGX_HTTP_IDEMPOTENCY_REC_DONE;
+            rec.fingerprint = value + 5;
+        }
+    }
+
+    now = ngx_http_idempotency_epoch_msec();
+    expires = pttl > 0 ? now + (uint64_t) pttl : 0;
+    lease = 0;
+    status = rec.status;
+
+    switch (rec.state) {
+
+    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
+        kind = ngx_http_idempotency_lease_read(value, &status, now,
+                                               conf->lock_ttl / 3);
+
+        if (kind == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
+            state = "unknown";
+
+        } else {
+            state = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
+                    ? "unknown" : "in_progress";
+            lease = ngx_http_idempotency_lease_deadline(value);
+            status = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
+                     ? NGX_HTTP_BAD_GATEWAY : 0;
+        }
+
+        break;
+
+    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
+        state = "too_large";
+        break;
+
+    default:
+        state = "completed";
+    }
+
+    hsize = rec.headers_end ? (ngx_uint_t) (rec.headers_end - rec.headers)
+                            : 0;
+
+    /*
+     * the fixed members; the sealed one with its id escaped and its
+     * detail; the headers, each byte at worst escaped, with their brackets,
+     * quotes and commas (8); the body in base64
+     */
+
+    len = 512
+          + sizeof(",\"sealed\":{\"key_id\":\"\",\"opened\":false,"
+                   "\"detail\":\"\"}") - 1
+          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * id.len
+          + (why ? ngx_strlen(why) : 0)
+          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * hsize + 8 * rec.nheaders;
+
+    if (body) {
+        len += ngx_base64_encoded_length(rec.body_len);
+    }
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    p = b->last;
+
+    p = ngx_sprintf(p, "{\"state\":\"%s\",\"status\":", state);
+    p = status ? ngx_sprintf(p, "%ui", status) : ngx_cpymem(p, "null", 4);
+
+    p = ngx_cpymem(p, ",\"stored_at\":", sizeof(",\"stored_at\":") - 1);
+
+    if (expires && rec.state != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
+        && expires > conf->ttl)
+    {
+        p = ngx_http_idempotency_admin_time(p, expires - conf->ttl);
+
+    } else {
+        p = ngx_cpymem(p, "null", 4);
+    }
+
+    p = ngx_cpymem(p, ",\"expires_at\":", sizeof(",\"expires_at\":") - 1);
+    p = expires ? ngx_http_idempotency_admin_time(p, expires)
+                : ngx_cpymem(p, "null", 4);
+
+    p = ngx_cpymem(p, ",\"lease_until\":", sizeof(",\"lease_until\":") - 1);
+    p = lease ? ngx_http_idempotency_admin_time(p, lease)
+              : ngx_cpymem(p, "null", 4);
+
+    if (sealed != NGX_DECLINED && !opened) {
+        p = ngx_cpymem(p, ",\"size\":null", sizeof(",\"size\":null") - 1);
+
+    } else {
+        p = ngx_sprintf(p, ",\"size\":{\"headers\":%ui,\"body\":%uz}",
+                        hsize, rec.body_len);
+    }
+
+    p = ngx_cpymem(p, ",\"fingerprint\":\"", sizeof(",\"fingerprint\":\"") - 1);
+    p = ngx_hex_dump(p, rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    p = ngx_cpymem(p, "\",\"sealed\":", sizeof("\",\"sealed\":") - 1);
+
+    if (sealed == NGX_DECLINED) {
+        p = ngx_cpymem(p, "null", 4);
+
+    } else {
+        p = ngx_cpymem(p, "{\"key_id\":", sizeof("{\"key_id\":") - 1);
+
+        if (id.len) {
+            *p++ = '"';
+            p = ngx_http_idempotency_admin_escape(p, id.data, id.len);
+            *p++ = '"';
+
+        } else {
+            p = ngx_cpymem(p, "null", 4);
+        }
+
+        p = ngx_sprintf(p, ",\"opened\":%s", opened ? "true" : "false");
+
+        if (!opened) {
+            p = ngx_sprintf(p, ",\"detail\":\"%s\"", why);
+        }
+
+        *p++ = '}';
+
+        if (!opened) {
+            p = ngx_cpymem(p, ",\"headers\":null}\n",
+                           sizeof(",\"headers\":null}\n") - 1);
+            goto done;
+        }
+    }
+
+    p = ngx_cpymem(p, ",\"headers\":[", sizeof(",\"headers\":[") - 1);
+
+    h = rec.headers;
+
+    for (i = 0; i < rec.nheaders; i++) {
+        h = ngx_http_idempotency_record_next_header(h, &name, &hvalue);
+
+        *p++ = i ? ',' : '[';
+
+        if (i) {
+            *p++ = '[';
+        }
+
+        *p++ = '"';
+        p = ngx_http_idempotency_admin_escape(p, name.data, name.len);
+        p = ngx_cpymem(p, "\",\"", 3);
+        p = ngx_http_idempotency_admin_escape(p, hvalue.data, hvalue.len);
+        *p++ = '"';
+        *p++ = ']';
+    }
+
+    *p++ = ']';
+
+    if (body && rec.body) {
+        p = ngx_cpymem(p, ",\"body\":\"", sizeof(",\"body\":\"") - 1);
+        src.data = rec.body;
+        src.len = rec.body_len;
+        dst.data = p;
+        ngx_encode_base64(&dst, &src);
+        p += dst.len;
+        *p++ = '"';
+    }
+
+    *p++ = '}';
+    *p++ = LF;
+
+done:
+
+    b->last = p;
+    *out = b;
+
+    return NGX_HTTP_OK;
+}
+
+
+/* RFC 3339, UTC, milliseconds */
+
+static u_char *
+ngx_http_idempotency_admin_time(u_char *p, uint64_t msec)
+{
+    ngx_tm_t  tm;
+
+    ngx_gmtime((time_t) (msec / 1000), &tm);
+
+    return ngx_sprintf(p, "\"%4d-%02d-%02dT%02d:%02d:%02d.%03uDZ\"",
+                       tm.ngx_tm_year, tm.ngx_tm_mon, tm.ngx_tm_mday,
+                       tm.ngx_tm_hour, tm.ngx_tm_min, tm.ngx_tm_sec,
+                       (uint32_t) (msec % 1000));
+}
+
+
+/*
+ * A JSON string's inside, whatever the bytes: ngx_escape_json() leaves
+ * 0x7f and the bytes above it as they are, and a stored header that is no
+ * UTF-8 made the whole answer unreadable.  At most 6 bytes per byte.
+ */
+
+static u_char *
+ngx_http_idempotency_admin_escape(u_char *dst, u_char *src, size_t size)
+{
+    u_char  c;
+
+    static u_char  hex[] = "0123456789abcdef";
+
+    while (size--) {
+        c = *src++;
+
+        if (c == '"' || c == '\\') {
+            *dst++ = '\\';
+            *dst++ = c;
+
+        } else if (c < 0x20 || c >= 0x7f) {
+            *dst++ = '\\';
+            *dst++ = 'u';
+            *dst++ = '0';
+            *dst++ = '0';
+            *dst++ = hex[c >> 4];
+            *dst++ = hex[c & 0xf];
+
+        } else {
+            *dst++ = c;
+        }
+    }
+
+    return dst;
+}
