@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make version-check: the version is written once, in
 # src/ngx_http_idempotency_version.h; CHANGELOG.md's newest entry and
-# debian/changelog's upstream version must name the same one.
+# debian/changelog's upstream version must name the same one, and so
+# must every "idempotency module X.Y.Z" the docs quote from the log.
 # Prints the version on success.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +25,15 @@ for f in "CHANGELOG.md:$log" "debian/changelog:$deb"; do
         rc=1
     fi
 done
+# the start-up line as the docs show it
+while IFS=: read -r file line text; do
+    quoted=$(printf '%s' "$text" |
+             sed -n 's/.*idempotency module \([0-9][0-9.]*[0-9]\).*/\1/p')
+    if [ -n "$quoted" ] && [ "$quoted" != "$hdr" ]; then
+        echo "$file:$line quotes 'idempotency module $quoted'," \
+             "the header '$hdr'" >&2
+        rc=1
+    fi
+done < <(grep -Hn 'idempotency module [0-9]' README.md docs/*.md || true)
 [ $rc -eq 0 ] && echo "$hdr"
 exit $rc
