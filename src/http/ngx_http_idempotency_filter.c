@@ -171,32 +171,14 @@ static ngx_int_t
 ngx_http_idempotency_owner_hints(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    static ngx_str_t  x_should_retry = ngx_string("x-should-retry");
 
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash != 0
-            && h[i].key.len == sizeof("x-should-retry") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "x-should-retry",
-                               h[i].key.len) == 0)
-        {
-            return NGX_OK;
-        }
+    if (ngx_http_idempotency_header_lines(&r->headers_out.headers,
+                                          &x_should_retry, &h))
+    {
+        return NGX_OK;
     }
 
     return ngx_http_idempotency_retry_hints(r, ctx->conf, 0);

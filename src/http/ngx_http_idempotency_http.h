@@ -259,6 +259,8 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 void ngx_http_idempotency_wake(ngx_http_request_t *r);
+ngx_uint_t ngx_http_idempotency_header_lines(ngx_list_t *headers,
+    ngx_str_t *name, ngx_table_elt_t **last);
 void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 
 /*
