@@ -121,7 +121,49 @@ Idempotency-Key: sdk-7
 --- error_code eval
 [500, 500]
 --- response_headers eval
-["!x-should-retry", "Idempotent-Replayed: true\nx-should-retry: false\nStripe-Should-Retry: false"]
+["x-should-retry: false\nStripe-Should-Retry: false\n!Idempotent-Replayed", "Idempotent-Replayed: true\nx-should-retry: false\nStripe-Should-Retry: false"]
+
+
+
+=== TEST 5a: an upstream's own hint on a stored 500 is not contradicted
+--- config
+    location = /pay {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b500;
+    }
+    location = /b500 {
+        add_header x-should-retry true always;
+        return 500 "failed\n";
+    }
+--- more_headers
+Idempotency-Key: sdk-7a
+--- request
+POST /pay
+x
+--- error_code: 500
+--- response_headers
+x-should-retry: true
+!Stripe-Should-Retry
+
+
+
+=== TEST 5aa: a 500 that is not stored is not told final
+--- config
+    location = /pay {
+        idempotency on;
+        idempotency_store_status 2xx;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b500;
+    }
+    location = /b500 { return 500 "failed\n"; }
+--- more_headers
+Idempotency-Key: sdk-7aa
+--- request
+POST /pay
+x
+--- error_code: 500
+--- response_headers
+!x-should-retry
+!Stripe-Should-Retry
 
 
 

@@ -26,6 +26,8 @@ static ngx_int_t ngx_http_idempotency_expires(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf);
 static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_owner_hints(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 
 
 /* the next filters, set where the module's filters join the chain */
@@ -70,6 +72,18 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 
     case NGX_HTTP_IDEMPOTENCY_OUT_SENT:
         ngx_http_idempotency_unknown(r, ctx, status);
+
+        /*
+         * nginx's own 502/504 (or its error_page): every retry will be
+         * told outcome-unknown, so a client library need not spend one
+         */
+
+        if (ctx->conf->on_unknown == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP
+            && ngx_http_idempotency_owner_hints(r, ctx) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
         return ngx_http_idempotency_next_header(r);
 
     default:
@@ -111,6 +125,15 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 
     ctx->capturing = 1;
 
+    /* after the record's headers: the replay adds its own hints */
+
+    if (ngx_http_idempotency_status_final(r->headers_out.status)
+        && ngx_http_idempotency_owner_hints(r, ctx) != NGX_OK)
+    {
+        ngx_http_idempotency_give_up(r, ctx);
+        return NGX_ERROR;
+    }
+
     /*
      * file buffers are read into memory by the copy filter above us; the
      * range filter below us must not turn what we store into a 206
@@ -135,6 +158,30 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     return rc;
+}
+
+
+/*
+ * The owner's response already is what its retries will get: the stored
+ * 409, 429 or 5xx replayed, or outcome-unknown.  An upstream that gave
+ * its own hint is not contradicted.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_owner_hints(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_table_elt_t  *h;
+
+    static ngx_str_t  x_should_retry = ngx_string("x-should-retry");
+
+    if (ngx_http_idempotency_header_lines(&r->headers_out.headers,
+                                          &x_should_retry, &h))
+    {
+        return NGX_OK;
+    }
+
+    return ngx_http_idempotency_retry_hints(r, ctx->conf, 0);
 }
 
 

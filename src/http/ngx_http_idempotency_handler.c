@@ -301,8 +301,7 @@ static ngx_int_t
 ngx_http_idempotency_get_key(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key)
 {
-    ngx_uint_t        i, n;
-    ngx_list_part_t  *part;
+    ngx_uint_t        n;
     ngx_table_elt_t  *h;
 
     ngx_str_null(key);
@@ -317,8 +316,32 @@ ngx_http_idempotency_get_key(ngx_http_request_t *r,
 
     /* the header itself, so that repeated field lines can be refused */
 
+    n = ngx_http_idempotency_header_lines(&r->headers_in.headers,
+                                          &ngx_http_idempotency_header, &h);
+    if (n) {
+        *key = h->value;
+    }
+
+    if (n > 1) {
+        return NGX_ERROR;
+    }
+
+    return n ? NGX_OK : NGX_DECLINED;
+}
+
+
+/* how many lines of a header name a list holds; *last: the last of them */
+
+ngx_uint_t
+ngx_http_idempotency_header_lines(ngx_list_t *headers, ngx_str_t *name,
+    ngx_table_elt_t **last)
+{
+    ngx_uint_t        i, n;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
     n = 0;
-    part = &r->headers_in.headers.part;
+    part = &headers->part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -333,20 +356,16 @@ ngx_http_idempotency_get_key(ngx_http_request_t *r,
             i = 0;
         }
 
-        if (h[i].key.len == ngx_http_idempotency_header.len
-            && ngx_strncmp(h[i].lowcase_key, ngx_http_idempotency_header.data,
-                           ngx_http_idempotency_header.len) == 0)
+        if (h[i].hash != 0
+            && h[i].key.len == name->len
+            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
         {
-            *key = h[i].value;
+            *last = &h[i];
             n++;
         }
     }
 
-    if (n > 1) {
-        return NGX_ERROR;
-    }
-
-    return n ? NGX_OK : NGX_DECLINED;
+    return n;
 }
 
 

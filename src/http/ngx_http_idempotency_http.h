@@ -268,7 +268,17 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 void ngx_http_idempotency_wake(ngx_http_request_t *r);
+ngx_uint_t ngx_http_idempotency_header_lines(ngx_list_t *headers,
+    ngx_str_t *name, ngx_table_elt_t **last);
 void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
+
+/*
+ * A stored response with one of these statuses is final: its retries are
+ * replayed the same answer, so clients are told not to retry in vain
+ */
+#define ngx_http_idempotency_status_final(status)                           \
+    ((status) == NGX_HTTP_CONFLICT || (status) == 429                        \
+     || (status) >= NGX_HTTP_INTERNAL_SERVER_ERROR)
 
 /* reply.c */
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
@@ -277,6 +287,8 @@ ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
     ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry);
+ngx_int_t ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
 

@@ -68,10 +68,6 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
 };
 
 
-static ngx_int_t ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry);
-
-
 static ngx_str_t  ngx_http_idempotency_problem_type =
     ngx_string("application/problem+json");
 
@@ -320,8 +316,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 
     /* a replayed 409, 429 or 5xx would be retried by SDKs, in vain */
 
-    if ((rec->status == NGX_HTTP_CONFLICT || rec->status == 429
-         || rec->status >= NGX_HTTP_INTERNAL_SERVER_ERROR)
+    if (ngx_http_idempotency_status_final(rec->status)
         && ngx_http_idempotency_retry_hints(r, conf, 0) != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -334,10 +329,11 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 /*
  * The hints that Stripe's and the Stainless-generated client libraries
  * obey, over their own judgement of the status: whether retrying can
- * change this answer.
+ * change this answer.  Also on the owner's own response (filter.c), when
+ * what it gets is what every retry will get.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry)
 {

@@ -194,8 +194,12 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     op->handler = handler;
     op->again = 1;
 
-    /* a release: in Redis before its response reaches a retrying client */
-    op->urgent = (f->value == NULL);
+    /*
+     * in Redis before the response's last byte reaches a client that
+     * retries on another worker: a release, that the key is free, a
+     * record, that the retry is replayed rather than answered 409
+     */
+    op->urgent = 1;
 
     kop->info_len = f->info ? f->info->len : 0;
 
