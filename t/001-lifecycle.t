@@ -172,7 +172,11 @@ Content-Type: application/problem+json
 --- response_headers eval
 [("X-Idem: invalid\nContent-Type: application/problem+json") x 8]
 --- response_body_like eval
-[(qr/"code":"invalid-key"/) x 8]
+[(qr/"detail":"The Idempotency-Key must be visible ASCII characters without spaces, double quotes or commas, or a quoted string \(RFC 8941\) of printable ASCII\.".*"code":"invalid-key"/) x 4,
+ qr/"detail":"The Idempotency-Key is 9 characters long; at most 8 are accepted\.".*"code":"invalid-key"/,
+ qr/"detail":"The Idempotency-Key is empty: send 1 to 8 characters\.".*"code":"invalid-key"/,
+ qr/"detail":"The Idempotency-Key must be visible ASCII.*"code":"invalid-key"/,
+ qr/"detail":"Send one Idempotency-Key header: this request has several\.".*"code":"invalid-key"/]
 
 
 

@@ -284,6 +284,9 @@ void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t status);
+ngx_int_t ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
+    ngx_uint_t unknown_status, ngx_str_t *detail);
 ngx_int_t ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
     ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry);

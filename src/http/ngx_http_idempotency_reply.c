@@ -77,15 +77,33 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t unknown_status)
 {
+    return ngx_http_idempotency_send_problem_detail(r, conf, problem,
+                                                    unknown_status, NULL);
+}
+
+
+/* the same, with a detail of this request's own (NULL: the table's) */
+
+ngx_int_t
+ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
+    ngx_uint_t unknown_status, ngx_str_t *detail)
+{
     ngx_str_t                       *type;
     ngx_uint_t                       status, retry;
-    ngx_http_idempotency_problem_t  *pr;
+    ngx_http_idempotency_problem_t  *pr, own;
 
     static ngx_str_t  idempotency_error = ngx_string("idempotency_error");
     static ngx_str_t  api_error = ngx_string("api_error");
 
     pr = &ngx_http_idempotency_problems[problem];
     status = pr->status;
+
+    if (detail) {
+        own = *pr;
+        own.detail = *detail;
+        pr = &own;
+    }
 
     if (problem == NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
         && unknown_status == NGX_HTTP_GATEWAY_TIME_OUT)
