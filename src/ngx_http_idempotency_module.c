@@ -134,7 +134,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NULL },
 
     { ngx_string("idempotency_encrypt_key"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE123,
       ngx_http_idempotency_encrypt_key,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, encrypt_keys),
