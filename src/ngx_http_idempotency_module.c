@@ -638,6 +638,11 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     if (conf->enable || conf->admin) {
         conf->redis->used = 1;
 
+        /* a longer reply is a protocol error (input.c) */
+        conf->redis->reply_max = ngx_max(conf->redis->reply_max,
+                                         conf->store_max_size
+                                         + NGX_HTTP_IDEMPOTENCY_SEAL_MAX);
+
         if (conf->redis->timeout == 0
             || conf->redis_timeout < conf->redis->timeout)
         {

@@ -62,6 +62,13 @@
 #define NGX_HTTP_IDEMPOTENCY_TAG_LEN        16
 
 /*
+ * what sealing adds to a record of idempotency_store_max_size bytes at
+ * most (crypt.c): version, id length, an id of 32, nonce, state and tag
+ */
+#define NGX_HTTP_IDEMPOTENCY_SEAL_MAX                                         \
+    (1 + 1 + 32 + 12 + 1 + NGX_HTTP_IDEMPOTENCY_TAG_LEN)
+
+/*
  * Format 2 claims (lease.c): the token is owner[8] | 0xC1 | kind | word[6];
  * a lease holds its deadline, an unknown outcome its status and cause.  The
  * first OWNER_LEN bytes of a claim name its owner.
