@@ -10,6 +10,7 @@ or EVAL) with a reply a real Redis never sends, chosen by MODE:
   tenbulk     a 10-digit bulk string length, then 48 MB of it
   nestedbulk  the same bulk string inside an array (hiredis's path)
   error       an error reply whose text holds a bare LF and a forged line
+  longerror   an error reply of 1,010 bytes with an ESC
 
 usage: hostile_redis.py PORT MODE
 It prints "ready" once listening, and counts the hostile replies it sent in
@@ -48,6 +49,9 @@ def hostile(sock):
     elif MODE == "error":
         sock.sendall(b"-ERR boom\nforged: this line is not nginx's"
                      b"\x1b[31m\r\n")
+        return
+    elif MODE == "longerror":
+        sock.sendall(b"-ERR \x1b[31m" + b"A" * 1000 + b"\r\n")
         return
     else:
         head = {"bigbulk": b"$900000000\r\n",
@@ -93,7 +97,7 @@ class Handler(socketserver.BaseRequestHandler):
                 else:
                     sent_once = True
                     hostile(sock)
-                    if MODE != "error":
+                    if not MODE.endswith("error"):
                         return
         except OSError:
             return
