@@ -16,7 +16,9 @@
  *     ngx_http_idempotency_record_next_header(), as the replay does
  *     (reply.c), stays within [rec->headers, rec->headers_end) -- hence
  *     within [data, data + len) -- never yields an empty name nor a CR, LF
- *     or NUL, and ends exactly at rec->headers_end; the same for the
+ *     or NUL, nor a name that is not a token (but for capture.c's three
+ *     markers among the headers) or is one nginx frames the answer with,
+ *     and ends exactly at rec->headers_end; the same for the
  *     rec->ntrailers trailers, which end exactly at data + len;
  *   - the record is canonical: encoding the decoded fields again gives back
  *     the input byte for byte (the format has no slack, so a decoder that
@@ -76,6 +78,66 @@ in_range(const u_char *p, size_t n, const u_char *start, const u_char *end)
 }
 
 
+/* the harness's own idea of a name a replay may send */
+
+static int
+sendable(const char *what, ngx_str_t *name)
+{
+    size_t       i;
+    u_char       c, low[300];
+
+    static const char  *markers[] = {
+        ":content-type", ":location", ":status-line", NULL
+    };
+    static const char  *refused[] = {
+        "connection", "keep-alive", "te", "trailer", "transfer-encoding",
+        "upgrade", "content-length", "date", "server", "idempotent-replayed",
+        NULL
+    };
+
+    if (strcmp(what, "header") == 0) {
+        for (i = 0; markers[i]; i++) {
+            if (strlen(markers[i]) == name->len
+                && memcmp(markers[i], name->data, name->len) == 0)
+            {
+                return 1;
+            }
+        }
+    }
+
+    if (name->len > 256) {
+        return 0;
+    }
+
+    for (i = 0; i < name->len; i++) {
+        c = name->data[i];
+
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')
+              || (c >= 'A' && c <= 'Z')
+              || (c && strchr("!#$%&'*+-.^_`|~", c))))
+        {
+            return 0;
+        }
+
+        low[i] = (c >= 'A' && c <= 'Z') ? c + 32 : c;
+    }
+
+    if (name->len > 6 && memcmp(low, "proxy-", 6) == 0) {
+        return 0;
+    }
+
+    for (i = 0; refused[i]; i++) {
+        if (strlen(refused[i]) == name->len
+            && memcmp(refused[i], low, name->len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
 /* the walk the replay does (reply.c) over n fields in [start, end) */
 
 static void
@@ -112,6 +174,8 @@ walk(const char *what, u_char *start, u_char *end, size_t n, u_char *buf,
                     && memchr(value.data, '\n', value.len) == NULL
                     && memchr(value.data, '\0', value.len) == NULL,
                     "%s %zu: CR, LF or NUL", what, i);
+        fuzz_assert(sendable(what, &name),
+                    "%s %zu: a name no replay may send", what, i);
     }
 
     fuzz_assert(p == end, "the walk of %zu %ss ends %td bytes before its end",

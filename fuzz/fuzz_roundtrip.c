@@ -157,13 +157,13 @@ ngx_log_error_core(ngx_uint_t level, ngx_log_t *log, ngx_err_t err,
 }
 
 
-/* the harness's own idea of what is stored */
+/* the harness's own idea of what is stored: a token, not refused */
 
 static int
 stored(ngx_table_elt_t *h)
 {
+    u_char       c, low[256];
     size_t       i;
-    u_char       low[256];
     ngx_str_t    s;
 
     static const char  *skip[] = {
@@ -177,6 +177,14 @@ stored(ngx_table_elt_t *h)
     }
 
     for (i = 0; i < h->key.len; i++) {
+        c = h->key.data[i];
+
+        if (c == '\0' || c >= 0x80
+            || !(isalnum(c) || strchr("!#$%&'*+-.^_`|~", c)))
+        {
+            return 0;
+        }
+
         low[i] = (u_char) tolower(h->key.data[i]);
     }
 
@@ -196,6 +204,34 @@ stored(ngx_table_elt_t *h)
     s.data = low;
 
     return ngx_http_idempotency_store_header(&fuzz_conf, &s) ? 1 : 0;
+}
+
+
+/* a status line stored: its status, then a space and a phrase, no CTL */
+
+static int
+status_line_stored(ngx_str_t *line, ngx_uint_t status)
+{
+    size_t  i;
+    char    digits[4];
+
+    snprintf(digits, sizeof(digits), "%03lu", (unsigned long) status);
+
+    if (line->len < 3 || memcmp(line->data, digits, 3) != 0
+        || (line->len > 3 && line->data[3] != ' '))
+    {
+        return 0;
+    }
+
+    for (i = 0; i < line->len; i++) {
+        if ((line->data[i] < 0x20 && line->data[i] != '\t')
+            || line->data[i] == 0x7f)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 
 
@@ -436,7 +472,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     if (r->headers_out.status_line.len) {
-        if (bad_bytes(&r->headers_out.status_line)) {
+        if (!status_line_stored(&r->headers_out.status_line,
+                                r->headers_out.status))
+        {
             nbad++;
 
         } else {

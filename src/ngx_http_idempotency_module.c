@@ -134,7 +134,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NULL },
 
     { ngx_string("idempotency_encrypt_key"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE123,
       ngx_http_idempotency_encrypt_key,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, encrypt_keys),
@@ -641,6 +641,11 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     if (conf->enable || conf->admin) {
         conf->redis->used = 1;
+
+        /* a longer reply is a protocol error (input.c) */
+        conf->redis->reply_max = ngx_max(conf->redis->reply_max,
+                                         conf->store_max_size
+                                         + NGX_HTTP_IDEMPOTENCY_SEAL_MAX);
 
         if (conf->redis->timeout == 0
             || conf->redis_timeout < conf->redis->timeout)

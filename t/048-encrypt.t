@@ -11,6 +11,7 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use RecordBytes;
 use MIME::Base64 ();
 use IO::Socket::INET;
 use JSON::PP;
@@ -29,16 +30,6 @@ my $native = server_caps()->{native};    # stores by SET IFEQ, never staged
 my $root = fleet_root('encrypt');
 
 # --- key files ----------------------------------------------------------------
-
-sub write_file {
-    my ($path, $bytes, $mode) = @_;
-    open my $fh, '>', $path or die "$path: $!";
-    binmode $fh;
-    print $fh $bytes;
-    close $fh;
-    chmod $mode, $path if defined $mode;
-    return $path;
-}
 
 sub random_bytes { join '', map { chr int rand 256 } 1 .. shift }
 
@@ -149,34 +140,6 @@ sub runs {
     my $key = shift;
     sleep 0.2;
     return scalar grep { /^\Q$run$key\E / } lines_of("$origin/logs/exec.log");
-}
-
-sub hdr {
-    my ($r, $name) = @_;
-    my ($v) = $r->{head} =~ /^\Q$name\E: ([^\r\n]*)/mi;
-    return $v;
-}
-
-# the stored value, binary-safe (redis-cli could add or eat newlines)
-sub record {
-    my $k = shift;
-    my $hex = redis_cli('EVAL', 'local v = redis.call("GET", KEYS[1]) '
-                        . 'if not v then return "" end '
-                        . 'return (v:gsub(".", function(c) '
-                        . 'return string.format("%02x", c:byte()) end))',
-                        1, $k);
-    return pack 'H*', $hex;
-}
-
-# the record once stored (the store is sent after the response)
-sub stored {
-    my $k = shift;
-    for (1 .. 40 * $slow) {
-        my $v = record($k);
-        return $v if length $v > 53 && substr($v, 4, 1) ne "\x01";
-        sleep 0.05;
-    }
-    return record($k);
 }
 
 # the envelope: state, version, key id

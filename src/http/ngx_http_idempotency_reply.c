@@ -15,7 +15,9 @@ static ngx_int_t ngx_http_idempotency_send(ngx_http_request_t *r,
 static ngx_int_t ngx_http_idempotency_add_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value, ngx_table_elt_t **hp);
 static ngx_int_t ngx_http_idempotency_add_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_record_t *rec);
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec);
+static ngx_uint_t ngx_http_idempotency_hidden(
+    ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *name);
 
 
 static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
@@ -299,6 +301,11 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
             continue;
         }
 
+        if (ngx_http_idempotency_hidden(conf, &name)) {
+            location = 0;
+            continue;
+        }
+
         if (ngx_http_idempotency_add_header(r, &name, &value, &h) != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
@@ -328,7 +335,7 @@ ngx_http_idempotency_send_replay(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (ngx_http_idempotency_add_trailers(r, rec) != NGX_OK) {
+    if (ngx_http_idempotency_add_trailers(r, conf, rec) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -387,35 +394,71 @@ ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
 
 static ngx_int_t
 ngx_http_idempotency_add_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_record_t *rec)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_record_t *rec)
 {
     u_char           *p;
-    ngx_uint_t        i;
+    ngx_str_t         name, value;
+    ngx_uint_t        i, n;
     ngx_table_elt_t  *t;
 
     p = rec->trailers;
+    n = 0;
 
     for (i = 0; i < rec->ntrailers; i++) {
+        p = ngx_http_idempotency_record_next_header(p, &name, &value);
+
+        if (ngx_http_idempotency_hidden(conf, &name)) {
+            continue;
+        }
+
         t = ngx_list_push(&r->headers_out.trailers);
         if (t == NULL) {
             return NGX_ERROR;
         }
 
-        p = ngx_http_idempotency_record_next_header(p, &t->key, &t->value);
-
+        t->key = name;
+        t->value = value;
         t->hash = 1;
         t->lowcase_key = NULL;
 
 #if (nginx_version >= 1023000)
         t->next = NULL;
 #endif
+
+        n++;
     }
 
-    if (rec->ntrailers) {
+    if (n) {
         r->expect_trailers = 1;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A field this location does not store (Set-Cookie, idempotency_hide_header)
+ * is not replayed either, whoever wrote the record: dropped, not refused,
+ * as the configuration may have changed since it was stored.  The decoder
+ * has bounded the name to NGX_HTTP_IDEMPOTENCY_NAME_MAX bytes.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_hidden(ngx_http_idempotency_loc_conf_t *conf,
+    ngx_str_t *name)
+{
+    u_char     buf[NGX_HTTP_IDEMPOTENCY_NAME_MAX];
+    ngx_str_t  low;
+
+    if (name->len > sizeof(buf)) {
+        return 1;
+    }
+
+    low.len = name->len;
+    low.data = buf;
+    ngx_strlow(buf, name->data, name->len);
+
+    return !ngx_http_idempotency_store_header(conf, &low);
 }
 
 

@@ -170,6 +170,9 @@ ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
         return NGX_ERROR;
     }
 
+    /* bounded to what a reply can hold (input.c) */
+    ngx_http_idempotency_input_init(node);
+
     node->out_pos = node->out;
     node->out_last = node->out;
     node->head = NULL;

@@ -126,6 +126,7 @@ struct ngx_http_idempotency_node_s {
     u_char                          *bulk;
     size_t                           bulk_size;  /* with its CRLF */
     size_t                           bulk_got;
+    ngx_uint_t                       elements;   /* of the reply in parse */
 
     /* formatted commands not yet sent */
     u_char                          *out;
@@ -219,6 +220,7 @@ struct ngx_http_idempotency_redis_s {
     ngx_http_idempotency_topology_t *topology;
     ngx_http_idempotency_node_t     *node;       /* per worker */
     ngx_msec_t                       wait_timeout;   /* the longest WAIT */
+    size_t                           reply_max;  /* the longest record */
     ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
 
     /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
@@ -505,6 +507,7 @@ void ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch);
 
 /* input.c: received bytes into replies */
+void ngx_http_idempotency_input_init(ngx_http_idempotency_node_t *node);
 u_char *ngx_http_idempotency_input_buf(ngx_http_idempotency_node_t *node,
     size_t *size);
 ngx_int_t ngx_http_idempotency_input(ngx_http_idempotency_node_t *node,

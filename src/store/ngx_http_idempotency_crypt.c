@@ -2,9 +2,11 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * idempotency_encrypt_key FILE [id=NAME]: completed records sealed with
- * AES-256-GCM.  The first key of a location seals, every key it lists
- * opens the records that name it, so keys rotate without a flag day.
+ * idempotency_encrypt_key FILE [id=NAME] [required]: completed records
+ * sealed with AES-256-GCM.  The first key of a location seals, every key
+ * it lists opens the records that name it, so keys rotate without a flag
+ * day.  "required" ends the rollout: a completed record in clear is then
+ * refused as a Redis writer's forgery.
  *
  *   head[53], state 5 | u8 version | u8 id_len | id | nonce[12]
  *   | ciphertext of (u8 state 2 or 4 | the done record after its head)
@@ -47,9 +49,12 @@
 typedef struct {
     ngx_str_t                        id;
     EVP_CIPHER_CTX                  *ctx;
+    ngx_uint_t                       required;   /* the first key's */
 } ngx_http_idempotency_crypt_key_t;
 
 
+static ngx_int_t ngx_http_idempotency_crypt_args(ngx_conf_t *cf,
+    ngx_str_t *id, ngx_uint_t *required);
 static ngx_int_t ngx_http_idempotency_crypt_id(ngx_conf_t *cf,
     ngx_str_t *file, ngx_str_t *arg, ngx_str_t *id);
 static ngx_int_t ngx_http_idempotency_crypt_run(EVP_CIPHER_CTX *ctx,
@@ -66,7 +71,7 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char                             buf[NGX_HTTP_IDEMPOTENCY_CRYPT_READ];
     ssize_t                            n;
     ngx_str_t                         *value, name, id;
-    ngx_uint_t                         i;
+    ngx_uint_t                         i, required;
     ngx_array_t                      **set;
     ngx_pool_cleanup_t                *cln;
     ngx_http_idempotency_crypt_key_t  *key, *keys;
@@ -90,11 +95,7 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
         return "\"off\" stands alone";
     }
 
-    if (ngx_http_idempotency_crypt_id(cf, &value[1],
-                                      cf->args->nelts > 2 ? &value[2] : NULL,
-                                      &id)
-        != NGX_OK)
-    {
+    if (ngx_http_idempotency_crypt_args(cf, &id, &required) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -150,6 +151,13 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
 
     key->id = id;
     key->ctx = NULL;
+    key->required = 0;
+
+    /* on any of its lines, it is the location's: the first key keeps it */
+
+    if (required) {
+        ((ngx_http_idempotency_crypt_key_t *) (*set)->elts)->required = 1;
+    }
 
     cln = ngx_pool_cleanup_add(cf->pool, 0);
     if (cln == NULL) {
@@ -179,6 +187,47 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* the parameters after FILE: id=NAME and "required", each at most once */
+
+static ngx_int_t
+ngx_http_idempotency_crypt_args(ngx_conf_t *cf, ngx_str_t *id,
+    ngx_uint_t *required)
+{
+    ngx_str_t   *value, *arg;
+    ngx_uint_t   i;
+
+    value = cf->args->elts;
+    arg = NULL;
+    *required = 0;
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (value[i].len == 8
+            && ngx_strncmp(value[i].data, "required", 8) == 0
+            && !*required)
+        {
+            *required = 1;
+            continue;
+        }
+
+        if (value[i].len >= 3 && ngx_strncmp(value[i].data, "id=", 3) == 0
+            && arg == NULL)
+        {
+            arg = &value[i];
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" of "
+                           "\"idempotency_encrypt_key\": \"id=NAME\" or "
+                           "\"required\" is expected, each once", &value[i]);
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_crypt_id(cf, &value[1], arg, id);
+}
+
+
 /* id=NAME, or the file's base name: 1 to 32 printable bytes, no space */
 
 static ngx_int_t
@@ -188,12 +237,6 @@ ngx_http_idempotency_crypt_id(ngx_conf_t *cf, ngx_str_t *file,
     u_char  *p, *last;
 
     if (arg) {
-        if (arg->len < 3 || ngx_strncmp(arg->data, "id=", 3) != 0) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid parameter \"%V\"", arg);
-            return NGX_ERROR;
-        }
-
         id->data = arg->data + 3;
         id->len = arg->len - 3;
 
@@ -309,7 +352,9 @@ ngx_http_idempotency_crypt_seal(ngx_array_t *keys, ngx_str_t *rkey,
 /*
  * A record read by the claim: NGX_DECLINED if it is not sealed (decoded
  * as it is); else opened in place and decoded into rec (NGX_OK), or
- * refused and logged (NGX_ERROR): never replayed, never overwritten.
+ * refused and logged (NGX_ERROR): never replayed, never overwritten.  Where
+ * encryption is required, a completed record in clear is refused so too:
+ * only a Redis writer without the key makes one once every worker seals.
  */
 
 ngx_int_t
@@ -325,10 +370,30 @@ ngx_http_idempotency_crypt_open(ngx_array_t *keys, ngx_log_t *log,
     ngx_http_idempotency_crypt_key_t  *key;
 
     if (len <= NGX_HTTP_IDEMPOTENCY_HEAD_LEN
-        || data[4] != NGX_HTTP_IDEMPOTENCY_REC_SEALED
         || ngx_memcmp(data, NGX_HTTP_IDEMPOTENCY_MAGIC, 4) != 0)
     {
         return NGX_DECLINED;
+    }
+
+    if (data[4] != NGX_HTTP_IDEMPOTENCY_REC_SEALED) {
+
+        if (keys == NULL
+            || !((ngx_http_idempotency_crypt_key_t *) keys->elts)->required
+            || (data[4] != NGX_HTTP_IDEMPOTENCY_REC_DONE
+                && data[4] != NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS))
+        {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: clear record refused: a completed "
+                      "record must be sealed here (idempotency_encrypt_key "
+                      "... required), key hash %*s, %uz bytes",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      rkey->data + rkey->len - 1
+                      - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN, len);
+
+        return NGX_ERROR;
     }
 
     p = data + NGX_HTTP_IDEMPOTENCY_HEAD_LEN;

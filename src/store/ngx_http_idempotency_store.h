@@ -55,8 +55,18 @@
 #define NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS  4   /* done, then trailers */
 #define NGX_HTTP_IDEMPOTENCY_REC_SEALED     5   /* 2 or 4, encrypted */
 
+/* the longest field name a record holds (capture.c drops longer ones) */
+#define NGX_HTTP_IDEMPOTENCY_NAME_MAX       256
+
 /* the GCM tag that ends a sealed record */
 #define NGX_HTTP_IDEMPOTENCY_TAG_LEN        16
+
+/*
+ * what sealing adds to a record of idempotency_store_max_size bytes at
+ * most (crypt.c): version, id length, an id of 32, nonce, state and tag
+ */
+#define NGX_HTTP_IDEMPOTENCY_SEAL_MAX                                         \
+    (1 + 1 + 32 + 12 + 1 + NGX_HTTP_IDEMPOTENCY_TAG_LEN)
 
 /*
  * Format 2 claims (lease.c): the token is owner[8] | 0xC1 | kind | word[6];
@@ -195,6 +205,9 @@ ngx_int_t ngx_http_idempotency_record_decode_plain(u_char *head, u_char *p,
     size_t len, ngx_http_idempotency_record_t *rec);
 u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
     ngx_str_t *value);
+ngx_uint_t ngx_http_idempotency_record_field_ok(ngx_str_t *name);
+ngx_uint_t ngx_http_idempotency_record_status_line_ok(ngx_str_t *line,
+    ngx_uint_t status);
 void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
     ngx_uint_t status);
 
