@@ -279,6 +279,10 @@ diag "$caps->{kind} $caps->{version}";
 
     like(ask('SCRIPT', 'KILL'), qr/^\+OK/, 'the script killed');
     close $s;
+    ok(poll(10, sub {
+        my @l = substr(errlog($dir), $mark) =~ /connected to redis "[^"]+" again/g;
+        return @l == 2;
+    }), 'both workers connected again');
 
     ok(claims_work($edge, '/reject', 10), 'BUSY: reject: claims work again');
     ok(claims_work($edge, '/pass', 10), 'BUSY: pass: claims work again');
@@ -310,7 +314,7 @@ diag "$caps->{kind} $caps->{version}";
     my $info = sub {
         my @seen = map {
             metric($acl_edge, qr/^(nginx_idempotency_redis_info\{.*)$/m) // ''
-        } 1 .. 6;
+        } 1 .. 12;
         return (grep { $_ eq $seen[0] } @seen) == @seen ? $seen[0] : '';
     };
 
@@ -344,12 +348,15 @@ diag "$caps->{kind} $caps->{version}";
     like(ask('ACL', 'SETUSER', 'idemrestart', '+@scripting'), qr/^\+OK/,
          'scripting allowed');
     my $t0 = time;
-    ok(claims_work($acl_edge, '/reject', 30),
-       'claims work again, without a reload');
+    # each worker asks again on its own backoff (1 s doubling to 10 s)
+    ok(poll(30, sub {
+        my @l = errlog($dir) =~ /\[notice\].*allows scripting again/g;
+        return @l == 2;
+    }), 'each worker sees scripting allowed again, said at notice');
     diag sprintf 'after %.1f s', time - $t0;
+    ok(claims_work($acl_edge, '/reject', 10),
+       'claims work again, without a reload');
     protected($dir, $acl_edge, '/reject', 'acl', 3);
-    ok(poll(30, sub { errlog($dir) =~ /\[notice\].*allows scripting again/ }),
-       'the recovery is said at notice');
     is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');
     nginx_stop($dir);
 }
