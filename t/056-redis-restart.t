@@ -39,6 +39,7 @@ END {
     if (($parent // 0) == $$) {
         my $rc = $?;
         redis_stop();
+        unlink "$rdir/dump.rdb";    # tens of MB
         $? = $rc;
     }
 }
