@@ -53,6 +53,8 @@
 /* counters of a server slot */
 #define NGX_HTTP_IDEMPOTENCY_METRICS_UP        0
 #define NGX_HTTP_IDEMPOTENCY_METRICS_RECONNECTS  1
+#define NGX_HTTP_IDEMPOTENCY_METRICS_REFUSED   2
+#define NGX_HTTP_IDEMPOTENCY_METRICS_SERVER_COUNTS  3
 
 #define NGX_HTTP_IDEMPOTENCY_STORE_STORED      0
 #define NGX_HTTP_IDEMPOTENCY_STORE_TOO_LARGE   1
@@ -141,6 +143,8 @@ static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
 static uint64_t ngx_http_idempotency_metrics_usec(void);
 static u_char *ngx_http_idempotency_metrics_masters(u_char *p, u_char *end,
     ngx_http_idempotency_metrics_shm_t *sh, ngx_str_t *target);
+static void ngx_http_idempotency_metrics_claim_refused(
+    ngx_http_idempotency_redis_t *redis);
 
 
 static ngx_str_t  ngx_http_idempotency_metrics_zone_name =
@@ -376,6 +380,8 @@ ngx_http_idempotency_metrics_init(ngx_conf_t *cf)
                                       ngx_http_idempotency_metrics_store_failed;
     ngx_http_idempotency_store_events.unknown =
                                           ngx_http_idempotency_metrics_unknown;
+    ngx_http_idempotency_store_events.claim_refused =
+                                   ngx_http_idempotency_metrics_claim_refused;
 
     imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
@@ -738,7 +744,8 @@ ngx_http_idempotency_metrics_size(ngx_http_idempotency_metrics_conf_t *mcf,
 
     for (i = 0; i < imcf->servers.nelts; i++) {
         /* escaping at most doubles a label value; and the info line */
-        size += 3 * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len)
+        size += (NGX_HTTP_IDEMPOTENCY_METRICS_SERVER_COUNTS + 1)
+                * (NGX_HTTP_IDEMPOTENCY_METRICS_LINE + 2 * rp[i]->name.len)
                 + sizeof(rp[i]->server);
 
         if (rp[i]->topology->nodes) {
@@ -771,12 +778,18 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
         "# TYPE nginx_idempotency_redis_up gauge\n",
         "# HELP nginx_idempotency_redis_reconnects_total Connections to the "
         "Redis address established again after one was lost.\n"
-        "# TYPE nginx_idempotency_redis_reconnects_total counter\n"
+        "# TYPE nginx_idempotency_redis_reconnects_total counter\n",
+        "# HELP nginx_idempotency_redis_claims_refused_total Keyed requests "
+        "whose claim was not sent because the Redis target forbids "
+        "scripting to the module's user and has no SET IFEQ; each was "
+        "answered as idempotency_on_redis_error says.\n"
+        "# TYPE nginx_idempotency_redis_claims_refused_total counter\n"
     };
 
     static const char  *server_names[] = {
         "nginx_idempotency_redis_up",
-        "nginx_idempotency_redis_reconnects_total"
+        "nginx_idempotency_redis_reconnects_total",
+        "nginx_idempotency_redis_claims_refused_total"
     };
 
     sh = mcf->sh;
@@ -844,7 +857,7 @@ ngx_http_idempotency_metrics_render(u_char *p, u_char *end,
     rp = imcf->servers.elts;
     n = ngx_min(imcf->servers.nelts, NGX_HTTP_IDEMPOTENCY_METRICS_REDIS);
 
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < NGX_HTTP_IDEMPOTENCY_METRICS_SERVER_COUNTS; k++) {
         p = ngx_slprintf(p, end, "%s", server_metrics[k]);
 
         for (i = 0; i < n; i++) {
@@ -1127,6 +1140,27 @@ ngx_http_idempotency_metrics_redis_up(ngx_http_idempotency_redis_t *redis)
     }
 
     *seen = 1;
+}
+
+
+/*
+ * A claim the store did not send (store/claim.c): the server forbids
+ * scripting and cannot compare and set natively.  Whichever worker learnt
+ * it, it is counted by the target's address, as redis_up is.
+ */
+
+static void
+ngx_http_idempotency_metrics_claim_refused(ngx_http_idempotency_redis_t *redis)
+{
+    u_char                               *seen;
+    ngx_http_idempotency_metrics_slot_t  *s;
+
+    s = ngx_http_idempotency_metrics_server(redis, &seen);
+
+    if (s) {
+        (void) ngx_atomic_fetch_add(
+                   &s->count[NGX_HTTP_IDEMPOTENCY_METRICS_REFUSED], 1);
+    }
 }
 
 

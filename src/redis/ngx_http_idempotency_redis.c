@@ -15,6 +15,20 @@
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN  10
 #define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX  500
 
+/*
+ * What the handshake asks again on the same connection (INFO, SCRIPT LOAD):
+ * soon while the server loads its data set or is busy, seldom while it
+ * forbids it to the module's user, so that an ACL changed back, or a
+ * renamed command restored, is seen without a reload
+ */
+#define NGX_HTTP_IDEMPOTENCY_ASK_MIN            50
+#define NGX_HTTP_IDEMPOTENCY_ASK_MAX            1000
+#define NGX_HTTP_IDEMPOTENCY_ASK_FORBIDDEN_MIN  1000
+#define NGX_HTTP_IDEMPOTENCY_ASK_FORBIDDEN_MAX  10000
+
+#define NGX_HTTP_IDEMPOTENCY_ASK_INFO           1
+#define NGX_HTTP_IDEMPOTENCY_ASK_SCRIPT         2
+
 
 static void ngx_http_idempotency_redis_schedule(
     ngx_http_idempotency_node_t *node);
@@ -28,8 +42,14 @@ static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static ngx_int_t ngx_http_idempotency_node_info(
+    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static void ngx_http_idempotency_node_ask(ngx_http_idempotency_node_t *node,
+    ngx_uint_t what, ngx_uint_t forbidden);
+static void ngx_http_idempotency_ask_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_redis_busy(redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_info_field(u_char *p, u_char *last,
     char *name, ngx_str_t *value);
 static ngx_int_t ngx_http_idempotency_node_noscript(
@@ -186,6 +206,11 @@ ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     node->flush_ev.handler = ngx_http_idempotency_flush_handler;
     node->flush_ev.data = node;
     node->flush_ev.log = log;
+
+    node->ask_ev.handler = ngx_http_idempotency_ask_handler;
+    node->ask_ev.data = node;
+    node->ask_ev.log = log;
+    node->ask_ev.cancelable = 1;
 }
 
 
@@ -356,23 +381,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    /* which server, for the commands the store may use (store/cas.c) */
-
-    argv[0] = "INFO";
-    argvlen[0] = 4;
-    argv[1] = "server";
-    argvlen[1] = 6;
-
-    op = ngx_http_idempotency_op_alloc(redis);
-    if (op == NULL) {
-        return;
-    }
-
-    op->handler = ngx_http_idempotency_info_done;
-
-    if (ngx_http_idempotency_node_command(node, op, 2, argv, argvlen)
-        != NGX_OK)
-    {
+    if (ngx_http_idempotency_node_info(node) != NGX_OK) {
         return;
     }
 
@@ -380,11 +389,38 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 }
 
 
+/* which server, for the commands the store may use (store/claim.c) */
+
+static ngx_int_t
+ngx_http_idempotency_node_info(ngx_http_idempotency_node_t *node)
+{
+    size_t                      argvlen[2];
+    const char                 *argv[2];
+    ngx_http_idempotency_op_t  *op;
+
+    argv[0] = "INFO";
+    argvlen[0] = 4;
+    argv[1] = "server";
+    argvlen[1] = 6;
+
+    op = ngx_http_idempotency_op_alloc(node->redis);
+    if (op == NULL) {
+        return NGX_ERROR;
+    }
+
+    op->handler = ngx_http_idempotency_info_done;
+
+    return ngx_http_idempotency_node_command(node, op, 2, argv, argvlen);
+}
+
+
 /*
  * "valkey_version:8.1.1" (Valkey also says redis_version:7.2.4, for
  * clients that know only Redis), else "redis_version:7.0.15".  A target
  * keeps the lowest version its nodes said: a cluster in a rolling upgrade
- * is as old as its oldest node.  A server that hides INFO stays unknown.
+ * is as old as its oldest node.  An error (BUSY, or INFO forbidden to the
+ * module's user) is asked again later; meanwhile the version stays what it
+ * was, or unknown.
  */
 
 static void
@@ -393,12 +429,23 @@ ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
 {
     u_char                        *p, *last;
     ngx_str_t                      v;
-    ngx_uint_t                     i, n, part, version, valkey;
+    ngx_uint_t                     i, n, part, version, valkey, forbidden;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = op->redis;
 
-    if (reply == NULL || reply->type != REDIS_REPLY_STRING) {
+    if (reply == NULL) {
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        forbidden = ngx_http_idempotency_redis_forbidden(reply);
+        ngx_http_idempotency_node_ask(op->node, NGX_HTTP_IDEMPOTENCY_ASK_INFO,
+                                      forbidden);
+        return;
+    }
+
+    if (reply->type != REDIS_REPLY_STRING) {
         return;
     }
 
@@ -466,6 +513,7 @@ ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
         ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
                       "idempotency: redis \"%V\" has a node running %V",
                       &redis->name, &v);
+
     }
 
     redis->server_version = version;
@@ -573,7 +621,10 @@ ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
 /*
  * A refused AUTH leaves the connection open as the default user: drop it,
  * and the replies of whatever was pipelined behind it.  The backoff goes on
- * growing as for a refused connect, and the refusal is logged once.
+ * growing as for a refused connect, and the refusal is logged once.  A
+ * server busy with a script (BUSY, also to SELECT and CLIENT SETNAME) or
+ * not a usable master yet is no refusal: it is said at warn, and the next
+ * connection tries again the same way.
  */
 
 static void
@@ -591,9 +642,19 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     }
 
     if (!node->refused) {
-        ngx_log_error(NGX_LOG_ERR, redis->log, 0,
-                      "idempotency: redis \"%V\" refused the handshake: %*s",
-                      &redis->name, (size_t) reply->len, reply->str);
+        if (ngx_http_idempotency_redis_busy(reply)) {
+            ngx_log_error(NGX_LOG_WARN, redis->log, 0,
+                          "idempotency: redis \"%V\" is not ready: %*s; "
+                          "connecting again", &redis->name,
+                          (size_t) ngx_min(reply->len, 128), reply->str);
+
+        } else {
+            ngx_log_error(NGX_LOG_ERR, redis->log, 0,
+                          "idempotency: redis \"%V\" refused the handshake: "
+                          "%*s", &redis->name,
+                          (size_t) ngx_min(reply->len, 128), reply->str);
+        }
+
         node->refused = 1;
     }
 
@@ -607,14 +668,13 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
  * Not being allowed to name the connection (an ACL, a renamed command) is
  * harmless, and means AUTH and SELECT have passed.  Any other error, such
  * as "max number of clients reached" sent on accept to a connection
- * without AUTH or SELECT, is a refused handshake.
+ * without AUTH or SELECT, or BUSY, is a failed handshake.
  */
 
 static void
 ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    ngx_str_t                      err;
     ngx_http_idempotency_node_t   *node;
     ngx_http_idempotency_redis_t  *redis;
 
@@ -626,21 +686,15 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
-        err.data = (u_char *) reply->str;
-        err.len = reply->len;
-
-        if (!(err.len >= 6 && ngx_strncmp(err.data, "NOPERM", 6) == 0)
-            && ngx_strlcasestrn(err.data, err.data + err.len,
-                                (u_char *) "unknown", 7 - 1)
-               == NULL)
-        {
+        if (!ngx_http_idempotency_redis_forbidden(reply)) {
             ngx_http_idempotency_handshake_done(op, reply);
             return;
         }
 
         ngx_log_error(NGX_LOG_INFO, redis->log, 0,
-                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %V",
-                      &redis->name, &err);
+                      "idempotency: redis \"%V\" refused CLIENT SETNAME: %*s",
+                      &redis->name, (size_t) ngx_min(reply->len, 128),
+                      reply->str);
     }
 
     if (node->subscriber) {
@@ -677,36 +731,194 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
 
 
 /*
- * Claims do not need the script on Redis >= 7 (SET NX GET), so an ACL that
- * forbids scripting is no reason to drop the connection; the finish script
- * (EVAL) is refused then too, and each refused store says so.
+ * A refused SCRIPT LOAD is no reason to drop the connection: claims do not
+ * need the scripts on Redis >= 7 (SET NX GET), and a finish sends a script
+ * it does not find by its text.  Only a permission error (an ACL without
+ * scripting, a renamed command) says scripting is forbidden, for the layer
+ * above to decide what it may claim (store/claim.c), and even that is asked
+ * again, seldom.  Anything else (LOADING after a restart, BUSY, a replica
+ * that lost its master) will pass: the scripts are loaded again soon, and
+ * nothing is concluded from it.
  */
 
 static void
 ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
+    ngx_uint_t                     forbidden;
+    ngx_http_idempotency_node_t   *node;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = op->redis;
+    node = op->node;
 
     if (reply == NULL) {
+        /* the connection is gone: the next one loads them */
         return;
     }
 
     if (reply->type != REDIS_REPLY_ERROR) {
-        redis->script_refused = 0;
+        if (redis->script_refused) {
+            ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                          "idempotency: redis \"%V\" allows scripting again",
+                          &redis->name);
+            redis->script_refused = 0;
+
+        } else if (node->ask_logged) {
+            ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                          "idempotency: redis \"%V\" loaded the scripts",
+                          &redis->name);
+        }
+
+        node->ask_logged = 0;
+        node->ask_backoff = 0;
         return;
     }
 
-    if (!redis->script_refused) {
+    forbidden = ngx_http_idempotency_redis_forbidden(reply);
+
+    if (forbidden) {
+        if (!redis->script_refused) {
+            ngx_log_error(NGX_LOG_WARN, redis->log, 0,
+                          "idempotency: redis \"%V\" refused SCRIPT LOAD: "
+                          "%*s (scripting forbidden to the module's user; "
+                          "asked again every %M s)", &redis->name,
+                          (size_t) ngx_min(reply->len, 200), reply->str,
+                          (ngx_msec_t)
+                          NGX_HTTP_IDEMPOTENCY_ASK_FORBIDDEN_MAX / 1000);
+            redis->script_refused = 1;
+        }
+
+    } else if (!node->ask_logged && !redis->script_refused) {
         ngx_log_error(NGX_LOG_WARN, redis->log, 0,
-                      "idempotency: redis \"%V\" refused SCRIPT LOAD: %*s "
-                      "(claims on Redis 7 do not need it; records are "
-                      "stored with EVAL)",
-                      &redis->name, (size_t) reply->len, reply->str);
-        redis->script_refused = 1;
+                      "idempotency: redis \"%V\" cannot load the scripts "
+                      "yet: %*s; trying again", &redis->name,
+                      (size_t) ngx_min(reply->len, 200), reply->str);
+        node->ask_logged = 1;
     }
+
+    ngx_http_idempotency_node_ask(node, NGX_HTTP_IDEMPOTENCY_ASK_SCRIPT,
+                                  forbidden);
+}
+
+
+/*
+ * What the handshake asked is asked again on the same connection after a
+ * backoff: a short one, doubling up to a second, for what will pass; at
+ * least a second, up to ten, for what is forbidden.  The timer never holds
+ * a worker's exit, and goes with the connection.
+ */
+
+static void
+ngx_http_idempotency_node_ask(ngx_http_idempotency_node_t *node,
+    ngx_uint_t what, ngx_uint_t forbidden)
+{
+    ngx_msec_t  min, max;
+
+    if (node->redis->exiting || ngx_exiting || ngx_quit || ngx_terminate) {
+        return;
+    }
+
+    node->ask |= what;
+
+    if (node->ask_ev.timer_set) {
+        return;
+    }
+
+    if (forbidden) {
+        min = NGX_HTTP_IDEMPOTENCY_ASK_FORBIDDEN_MIN;
+        max = NGX_HTTP_IDEMPOTENCY_ASK_FORBIDDEN_MAX;
+
+    } else {
+        min = NGX_HTTP_IDEMPOTENCY_ASK_MIN;
+        max = NGX_HTTP_IDEMPOTENCY_ASK_MAX;
+    }
+
+    node->ask_backoff = ngx_min(ngx_max(node->ask_backoff * 2, min), max);
+
+    ngx_add_timer(&node->ask_ev, node->ask_backoff);
+}
+
+
+static void
+ngx_http_idempotency_ask_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_node_t  *node = ev->data;
+
+    ngx_uint_t  ask;
+
+    ask = node->ask;
+    node->ask = 0;
+
+    if (node->redis->exiting || ngx_exiting || ngx_quit || ngx_terminate
+        || !node->open || node->handshake_failed)
+    {
+        return;
+    }
+
+    if ((ask & NGX_HTTP_IDEMPOTENCY_ASK_INFO)
+        && ngx_http_idempotency_node_info(node) != NGX_OK)
+    {
+        return;
+    }
+
+    if (ask & NGX_HTTP_IDEMPOTENCY_ASK_SCRIPT) {
+        ngx_http_idempotency_node_load_script(node);
+    }
+}
+
+
+/*
+ * A permission error: NOPERM (an ACL), or a command the server does not
+ * know (renamed or disabled, a proxy that does not pass it).  Nothing
+ * else means "forbidden": LOADING, BUSY, MASTERDOWN, TRYAGAIN pass.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_redis_forbidden(redisReply *reply)
+{
+    size_t  len;
+    char   *p;
+
+    if (reply->type != REDIS_REPLY_ERROR || reply->str == NULL) {
+        return 0;
+    }
+
+    p = reply->str;
+    len = reply->len;
+
+    return (len >= 6 && ngx_strncmp(p, "NOPERM", 6) == 0)
+           || (len >= 12 && ngx_strncasecmp((u_char *) p,
+                                            (u_char *) "ERR unknown ", 12)
+                            == 0);
+}
+
+
+/* a server that will answer soon: loading, busy, or not a master yet */
+
+static ngx_uint_t
+ngx_http_idempotency_redis_busy(redisReply *reply)
+{
+    size_t       len, n;
+    ngx_uint_t   i;
+
+    static char  *codes[] = {
+        "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"
+    };
+
+    len = reply->len;
+
+    for (i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        n = ngx_strlen(codes[i]);
+
+        if (len >= n && ngx_strncmp(reply->str, codes[i], n) == 0
+            && (len == n || reply->str[n] == ' '))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
@@ -1280,6 +1492,15 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
     node->tail = &node->head;
     node->pending = 0;
     node->up = 0;
+
+    /* the next connection's handshake asks everything again */
+
+    node->ask = 0;
+    node->ask_backoff = 0;
+
+    if (node->ask_ev.timer_set) {
+        ngx_del_timer(&node->ask_ev);
+    }
 
     if (node->watchdog_ev.timer_set) {
         ngx_del_timer(&node->watchdog_ev);

@@ -155,7 +155,9 @@ struct ngx_http_idempotency_node_s {
     ngx_event_t                      reset_ev;
     ngx_event_t                      watchdog_ev;
     ngx_event_t                      flush_ev;
+    ngx_event_t                      ask_ev;     /* the handshake's again */
     ngx_msec_t                       backoff;
+    ngx_msec_t                       ask_backoff;
     ngx_msec_t                       answered;   /* the watchdog's start */
 
     /* cluster.c: a node known by name, resolved on every connect */
@@ -176,6 +178,14 @@ struct ngx_http_idempotency_node_s {
     unsigned                         was_up:1;
     unsigned                         refused:1;  /* refusal logged */
     unsigned                         subscriber:1;
+
+    /*
+     * what the handshake asks again on this connection after a backoff
+     * (a server loading its data set, busy, or forbidding it), and whether
+     * a failure that will pass was logged
+     */
+    unsigned                         ask:2;
+    unsigned                         ask_logged:1;
 
     /*
      * a subscriber node (subscribe.c) is handed every reply first
@@ -253,6 +263,9 @@ struct ngx_http_idempotency_redis_s {
     unsigned                         nx_get_refused:1;
     unsigned                         cas_missing:1;
     unsigned                         del_refused:1;
+
+    /* when the compare-and-delete was last refused: asked again later */
+    ngx_msec_t                       del_refused_at;
 
     /* the layer above's: nobody waits for its keys, a finish wakes none */
     unsigned                         quiet:1;
@@ -393,6 +406,7 @@ extern ngx_http_idempotency_topology_t
 extern ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology;
 
 /* redis.c */
+ngx_uint_t ngx_http_idempotency_redis_forbidden(redisReply *reply);
 ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis);

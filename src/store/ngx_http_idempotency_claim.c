@@ -133,7 +133,10 @@ ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
                                                             : NGX_DECLINED;
 
     case REDIS_REPLY_ERROR:
+        /* "ERR syntax error": not LOADING, BUSY or another passing state */
+
         if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
+            && reply->len > 4 && ngx_strncmp(reply->str, "ERR ", 4) == 0
             && ngx_strlcasestrn((u_char *) reply->str,
                                 (u_char *) reply->str + reply->len,
                                 (u_char *) "syntax", 6 - 1)
@@ -198,13 +201,17 @@ ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim)
  * A finish must compare the owner: by a native compare-and-set, or by the
  * finish script.  Without both (scripting forbidden by an ACL on a server
  * older than Valkey 8.1 or Redis 8.4) a claim could be stored or released
- * by nobody's check: NGX_DECLINED, said once at error.
+ * by nobody's check: NGX_DECLINED, counted, and said at error once until
+ * claims are allowed again.  Only a permission error marks scripting as
+ * forbidden (redis.c), never a server that is loading or busy, and the
+ * client asks again: an ACL that allows scripting again needs no reload.
  */
 
 ngx_int_t
 ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
 {
     if (!redis->script_refused || ngx_http_idempotency_has_ifeq(redis)) {
+        redis->cas_missing = 0;
         return NGX_OK;
     }
 
@@ -213,14 +220,17 @@ ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
                       "idempotency: redis \"%V\" (%s%*s) forbids scripting "
                       "and has no SET IFEQ (Valkey 8.1, Redis 8.4 or "
                       "later): a record could not be stored or released "
-                      "only by its owner, so no key is claimed; allow EVAL "
-                      "and EVALSHA to the module's user, or move to Valkey "
-                      "8.1 or Redis 8.4",
+                      "only by its owner, so no key is claimed until "
+                      "scripting is allowed again; allow EVAL and EVALSHA "
+                      "to the module's user, or move to Valkey 8.1 or "
+                      "Redis 8.4",
                       &redis->name,
                       redis->server_len ? "" : "server not known",
                       redis->server_len, redis->server);
         redis->cas_missing = 1;
     }
+
+    ngx_http_idempotency_store_events.claim_refused(redis);
 
     return NGX_DECLINED;
 }
@@ -435,17 +445,16 @@ ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
 /*
  * A compare-and-delete refused (an ACL written before the server had it,
  * without +delifeq or +delex; or a server that lacks it after all): said
- * once at warn, and no more tried by this worker; NGX_OK to do without it
+ * once at warn, and tried again by this worker only once a minute
+ * (ngx_http_idempotency_has_delifeq()); NGX_OK to do without it.  Any
+ * other error (LOADING, BUSY) concludes nothing: NGX_DECLINED.
  */
 
 ngx_int_t
 ngx_http_idempotency_delifeq_refused(ngx_http_idempotency_redis_t *redis,
     redisReply *reply)
 {
-    if (!(reply->len >= 6 && ngx_strncmp(reply->str, "NOPERM", 6) == 0)
-        && !(reply->len >= 15
-             && ngx_strncmp(reply->str, "ERR unknown com", 15) == 0))
-    {
+    if (!ngx_http_idempotency_redis_forbidden(reply)) {
         return NGX_DECLINED;
     }
 
@@ -453,12 +462,16 @@ ngx_http_idempotency_delifeq_refused(ngx_http_idempotency_redis_t *redis,
         ngx_log_error(NGX_LOG_WARN, redis->log, 0,
                       "idempotency: redis \"%V\" refused %s: %*s; releases "
                       "go by SET IFEQ (or by script where scripting is "
-                      "allowed) until reload; allow %s to the module's user",
+                      "allowed), and %s is tried again every %M s; allow "
+                      "it to the module's user",
                       &redis->name, redis->valkey ? "DELIFEQ" : "DELEX",
                       (size_t) ngx_min(reply->len, 200), reply->str,
-                      redis->valkey ? "DELIFEQ" : "DELEX");
+                      redis->valkey ? "DELIFEQ" : "DELEX",
+                      (ngx_msec_t) NGX_HTTP_IDEMPOTENCY_DEL_ASK / 1000);
         redis->del_refused = 1;
     }
+
+    redis->del_refused_at = ngx_current_msec;
 
     return NGX_OK;
 }

@@ -62,6 +62,8 @@ static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply);
 static void ngx_http_idempotency_no_failed(void);
 static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
+static void ngx_http_idempotency_no_claim_refused(
+    ngx_http_idempotency_redis_t *redis);
 
 
 /* nobody counts until metrics.c does */
@@ -69,7 +71,8 @@ ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
     ngx_http_idempotency_no_sent,
     ngx_http_idempotency_no_done,
     ngx_http_idempotency_no_failed,
-    ngx_http_idempotency_no_unknown
+    ngx_http_idempotency_no_unknown,
+    ngx_http_idempotency_no_claim_refused
 };
 
 
@@ -764,5 +767,11 @@ ngx_http_idempotency_no_failed(void)
 
 static void
 ngx_http_idempotency_no_unknown(ngx_uint_t cause)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_claim_refused(ngx_http_idempotency_redis_t *redis)
 {
 }

@@ -223,6 +223,10 @@ typedef struct {
                                        redisReply *reply);
     void                           (*failed)(void);
     void                           (*unknown)(ngx_uint_t cause);
+
+    /* a claim not sent: the server forbids scripting, has no SET IFEQ */
+    void                           (*claim_refused)(
+                                       ngx_http_idempotency_redis_t *redis);
 } ngx_http_idempotency_store_events_t;
 
 
@@ -236,7 +240,8 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
  * 8.4; not where a target mixes both kinds, each lacking the other's).
  * Where both are there, finishes, renewals, take-overs and releases are
  * native commands, cheaper than the scripts and needing none (until the
- * server refuses the delete: an ACL from before, said once at warn).
+ * server refuses the delete: an ACL from before, said once at warn, and
+ * the delete tried again a minute later).
  * Where only SET IFEQ is, the scripts stay while they may run: a release
  * by SET IFEQ lets a key expire a millisecond later, not at once; where
  * scripting is forbidden (SCRIPT LOAD refused) it is the way, and no
@@ -246,8 +251,14 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
     ((redis)->server_version >= ((redis)->valkey ? 80100 : 80400))
 
 #define ngx_http_idempotency_has_delifeq(redis)                               \
-    (!(redis)->mixed && !(redis)->del_refused                                 \
+    (!(redis)->mixed                                                          \
+     && (!(redis)->del_refused                                                \
+         || ngx_current_msec - (redis)->del_refused_at                        \
+            >= NGX_HTTP_IDEMPOTENCY_DEL_ASK)                                  \
      && (redis)->server_version >= ((redis)->valkey ? 90000 : 80400))
+
+/* a refused compare-and-delete is tried again after this long (ms) */
+#define NGX_HTTP_IDEMPOTENCY_DEL_ASK        60000
 
 #define ngx_http_idempotency_native_cas(redis)                                \
     (ngx_http_idempotency_has_ifeq(redis)                                     \
