@@ -28,6 +28,8 @@ static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
@@ -41,6 +43,12 @@ static ngx_http_idempotency_redis_t *ngx_http_idempotency_add_server(
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
+
+
+/* what an unknown parameter of idempotency_redis is told */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_PARAMS                                     \
+    "the parameters are db=N, user=NAME, password=PASSWORD, tls, cluster, "   \
+    "sentinel=NAME, sentinel_user=NAME and sentinel_password=PASSWORD"
 
 
 /* safe methods (GET, HEAD, OPTIONS) change nothing: nothing to protect */
@@ -233,14 +241,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_on_redis_error"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_enum_slot,
+      ngx_http_idempotency_enum,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
       &ngx_http_idempotency_on_error },
 
     { ngx_string("idempotency_on_unknown"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_enum_slot,
+      ngx_http_idempotency_enum,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, on_unknown),
       &ngx_http_idempotency_on_unknown_values },
@@ -715,9 +723,9 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf)
 {
     u_char                     lock[NGX_INT64_LEN + 2];
-    u_char                     redis[NGX_INT64_LEN + 2];
-    size_t                     lock_len, redis_len;
-    ngx_uint_t                 slow;
+    u_char                     other[NGX_INT64_LEN + 2];
+    size_t                     lock_len, other_len;
+    ngx_uint_t                 slow, short_ttl, long_wait;
     ngx_conf_file_t            file, *saved;
     ngx_http_core_loc_conf_t  *clcf;
 
@@ -728,8 +736,10 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
     }
 
     slow = (conf->lock_ttl < 3 * conf->redis_timeout);
+    short_ttl = (conf->ttl < conf->lock_ttl);
+    long_wait = (conf->wait > conf->lock_ttl);
 
-    if (!conf->redis_default && !slow) {
+    if (!conf->redis_default && !slow && !short_ttl && !long_wait) {
         return;
     }
 
@@ -749,9 +759,10 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
                            "%V", &clcf->name, &conf->redis->name);
     }
 
+    lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
+
     if (slow) {
-        lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
-        redis_len = ngx_http_idempotency_msec_text(redis,
+        other_len = ngx_http_idempotency_msec_text(other,
                                                    conf->redis_timeout);
 
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
@@ -760,8 +771,38 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
                            "in location \"%V\": a slow renewal can land "
                            "after the lease ended, and a retry is then told "
                            "the outcome is unknown while the request still "
-                           "runs", lock_len, lock, redis_len, redis,
+                           "runs", lock_len, lock, other_len, other,
                            &clcf->name);
+    }
+
+    /*
+     * Legal, and sometimes meant (a short ttl dedups only retries that
+     * come at once), so warned rather than refused; see directives.md
+     */
+
+    if (short_ttl) {
+        other_len = ngx_http_idempotency_msec_text(other, conf->ttl);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_ttl\" %*s is shorter than "
+                           "\"idempotency_lock_ttl\" %*s in location "
+                           "\"%V\": a response is kept for less time than "
+                           "its request may hold the key, and a retry that "
+                           "comes later runs the request again", other_len,
+                           other, lock_len, lock, &clcf->name);
+    }
+
+    if (long_wait) {
+        other_len = ngx_http_idempotency_msec_text(other, conf->wait);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_wait\" %*s is longer than "
+                           "\"idempotency_lock_ttl\" %*s in location "
+                           "\"%V\": waiting out the lock does not free the "
+                           "key, a dead owner's claim becomes an unknown "
+                           "outcome (idempotency_on_unknown), and until then "
+                           "the duplicate holds its connection", other_len,
+                           other, lock_len, lock, &clcf->name);
     }
 
     cf->conf_file = saved;
@@ -773,6 +814,8 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
+    u_char      *p;
+    size_t       len;
     ngx_str_t   *value, user, password;
     ngx_int_t    n;
     ngx_uint_t   i, db, tls, cluster, sentinel, naddrs, nservers;
@@ -853,8 +896,11 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (ngx_strncmp(value[i].data, "sentinel", 8) == 0) {
-            /* sentinel=, sentinel_user=, sentinel_password= */
+        if (ngx_strncmp(value[i].data, "sentinel=", 9) == 0
+            || ngx_strncmp(value[i].data, "sentinel_user=", 14) == 0
+            || ngx_strncmp(value[i].data, "sentinel_password=", 18) == 0)
+        {
+            /* read by sentinel.c */
             sentinel = 1;
             continue;
         }
@@ -872,7 +918,9 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (naddrs > 1 && !cluster && !sentinel) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "several redis addresses require \"cluster\" "
-                           "(seeds) or \"sentinel=NAME\" (Sentinels)");
+                           "(seeds) or \"sentinel=NAME\" (Sentinels), and "
+                           "\"%V\" is read as an address: %s", &value[2],
+                           NGX_HTTP_IDEMPOTENCY_REDIS_PARAMS);
         return NGX_CONF_ERROR;
     }
 
@@ -931,8 +979,15 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 invalid:
 
+    /* a mistyped "password=": its value stays out of the log */
+
+    p = ngx_strlchr(value[i].data, value[i].data + value[i].len, '=');
+    len = p ? (size_t) (p + 1 - value[i].data) : value[i].len;
+
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid parameter \"%V\"", &value[i]);
+                       "invalid parameter \"%*s%s\" of \"%V\": %s",
+                       len, value[i].data, len < value[i].len ? "..." : "",
+                       &cmd->name, NGX_HTTP_IDEMPOTENCY_REDIS_PARAMS);
 
     return NGX_CONF_ERROR;
 }
@@ -1157,6 +1212,50 @@ ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return ngx_conf_set_bitmask_slot(cf, cmd, conf);
+}
+
+
+/*
+ * Names the directive and its values, where the enum slot says only
+ * "invalid value" (nginx adds the directive's name to the errors that
+ * handlers return as text, not to those they log)
+ */
+
+static char *
+ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    u_char           *p, *last, values[128];
+    ngx_str_t        *value;
+    ngx_uint_t        i;
+    ngx_conf_enum_t  *e;
+
+    value = cf->args->elts;
+    e = cmd->post;
+
+    for (i = 0; e[i].name.len; i++) {
+        if (e[i].name.len == value[1].len
+            && ngx_strcasecmp(e[i].name.data, value[1].data) == 0)
+        {
+            return ngx_conf_set_enum_slot(cf, cmd, conf);
+        }
+    }
+
+    /* "a" or "b"; "a", "b" or "c" */
+
+    p = values;
+    last = values + sizeof(values);
+
+    for (i = 0; e[i].name.len; i++) {
+        p = ngx_slprintf(p, last, "%s\"%V\"",
+                         i == 0 ? "" : e[i + 1].name.len ? ", " : " or ",
+                         &e[i].name);
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be %*s, not \"%V\"",
+                       &cmd->name, p - values, values, &value[1]);
+
+    return NGX_CONF_ERROR;
 }
 
 

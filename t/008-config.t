@@ -47,7 +47,61 @@ EOC
     return ($out =~ /test is successful/ ? 1 : 0, $out);
 }
 
+# key files for the cases below, readable by their owner only
+sub write_file {
+    my ($path, $bytes) = @_;
+    open my $fh, '>', $path or die "$path: $!";
+    binmode $fh;
+    print $fh $bytes;
+    close $fh;
+    chmod 0600, $path;
+    return $path;
+}
+
+sub random_bytes { join '', map { chr int rand 256 } 1 .. shift }
+
+my $raw_key = write_file("$dir/raw.key", random_bytes(32));
+# openssl rand -hex 16: 128 bits, written with and without its newline
+my $hex16 = join '', map { sprintf '%02x', int rand 256 } 1 .. 16;
+my $hex16_key = write_file("$dir/hex16.key", $hex16);
+my $hex16_secret = write_file("$dir/hex16.secret", "$hex16\n");
+my $hex16_bare = write_file("$dir/hex16-bare.secret", $hex16);
+my $keydir = "$dir/keys.d";
+mkdir $keydir;
+chmod 0755, $keydir;    # as mkdir makes them: it read as "chmod 600"
+
 my @bad = (
+    # enum-like directives name themselves and their values
+    ['idempotency_on_redis_error rejekt;',
+     qr/"idempotency_on_redis_error" must be "reject" or "pass", not "rejekt"/],
+    ['idempotency_on_unknown kep;',
+     qr/"idempotency_on_unknown" must be "keep", "forward" or "release", not "kep"/],
+    # an unknown parameter is named, without its value, with the known ones
+    ['idempotency_redis 127.0.0.1:6379 pasword=hunter2;',
+     qr/invalid parameter "pasword=\.\.\." of "idempotency_redis": the parameters are db=N, user=NAME, password=PASSWORD, tls, cluster, sentinel=NAME, sentinel_user=NAME and sentinel_password=PASSWORD/],
+    ['idempotency_redis 127.0.0.1:6379 user=;',
+     qr/invalid parameter "user=" of "idempotency_redis": the parameters are db=N, user=NAME/],
+    ['idempotency_redis 127.0.0.1:6379 sentinels=m;',
+     qr/invalid parameter "sentinels=\.\.\." of "idempotency_redis"/],
+    ['idempotency_redis 127.0.0.1:6379 tsl;',
+     qr/several redis addresses require "cluster" \(seeds\) or "sentinel=NAME" \(Sentinels\), and "tsl" is read as an address: the parameters are db=N/],
+    ["idempotency_encrypt_key $raw_key ID=x;",
+     qr/invalid parameter "ID=x" of "idempotency_encrypt_key": "id=NAME" or "required" is expected/],
+    # checked when merging, at the end of http{}: named at its own line
+    ['idempotency_redis_wait 1 1s;',
+     qr/the "idempotency_redis_wait" timeout \(1000 ms\) must be shorter than "idempotency_redis_timeout" \(1000 ms\)/],
+    # a directory is not told to chmod 600
+    ["idempotency_key_secret $keydir;",
+     qr/"idempotency_key_secret" file "\Q$keydir\E" is a directory: name the key file/],
+    ["idempotency_encrypt_key $keydir;",
+     qr/"idempotency_encrypt_key" file "\Q$keydir\E" is a directory/],
+    # hex text of 32 digits is 128 bits, not 256
+    ["idempotency_encrypt_key $hex16_key;",
+     qr/"idempotency_encrypt_key" file "\Q$hex16_key\E" holds hexadecimal text, 128 bits or fewer: a key of 32 random raw bytes, 256 bits, is expected \(openssl rand 32 > FILE\)/],
+    ["idempotency_key_secret $hex16_secret;",
+     qr/"idempotency_key_secret" file "\Q$hex16_secret\E" holds 32 hexadecimal digits, 128 bits: a secret of 256 bits is expected \(openssl rand -hex 32 > FILE\)/],
+    ["idempotency_key_secret $hex16_bare;",
+     qr/"idempotency_key_secret" file "\Q$hex16_bare\E" holds 32 hexadecimal digits, 128 bits/],
     ['idempotency_methods GET;',
      qr/"idempotency_methods" does not accept "GET": the methods allowed are POST, PUT, PATCH and DELETE/],
     ['idempotency_methods POST head;', qr/"idempotency_methods" does not accept "head"/],
@@ -72,7 +126,8 @@ my @bad = (
      qr/"idempotency_key_max_length" must be between 1 and 1024, not "0"/],
     ['idempotency_key_max_length 2000;',
      qr/"idempotency_key_max_length" must be between 1 and 1024, not "2000"/],
-    ['idempotency_on_redis_error maybe;', qr/invalid value "maybe"/],
+    ['idempotency_on_redis_error maybe;',
+     qr/"idempotency_on_redis_error" must be "reject" or "pass", not "maybe"/],
     ['idempotency maybe;', qr/invalid value "maybe"/],
     ['idempotency_store_max_size 1x;', qr/"idempotency_store_max_size" directive invalid value/],
 );
@@ -199,6 +254,49 @@ ok($ok && warnings($out) == 0,
    "an address from http{} and lock_ttl = proxy_read_timeout + 1m: silent")
     or diag $out;
 
+# settings that are legal but probably not meant: warned, once per location
+{
+    my $loc = "            idempotency on;\n$redis\n";
+
+    ($ok, $out) = nginx_t($loc . "            idempotency_ttl 1s;");
+    ok($ok, "idempotency_ttl shorter than idempotency_lock_ttl is accepted")
+        or diag $out;
+    like($out, qr/$warn"idempotency_ttl" 1s is shorter than "idempotency_lock_ttl" 120s in location "\/": a response is kept for less time than its request may hold the key, .*$at:8$/m,
+         "...with a warning that names both and the location's line")
+        or diag $out;
+    is(warnings($out), 1, "...once") or diag $out;
+
+    ($ok, $out) = nginx_t($loc . "            idempotency_ttl 2m;\n"
+                          . "            idempotency_wait 2m;");
+    ok($ok && warnings($out) == 0,
+       "idempotency_ttl and idempotency_wait equal to the lock: silent")
+        or diag $out;
+
+    ($ok, $out) = nginx_t($loc . "            idempotency_wait 150s;");
+    ok($ok, "idempotency_wait longer than idempotency_lock_ttl is accepted")
+        or diag $out;
+    like($out, qr/$warn"idempotency_wait" 150s is longer than "idempotency_lock_ttl" 120s in location "\/": waiting out the lock does not free the key, .*$at:8$/m,
+         "...with a warning that names both and the location's line")
+        or diag $out;
+    is(warnings($out), 1, "...once") or diag $out;
+}
+
+# the redis_wait check, inherited from http{}: the directive's line there
+($ok, $out) = nginx_t_http(<<'EOC');
+    idempotency_redis_wait 1 500ms;
+    server {
+        listen 127.0.0.1:19998;
+        location / {
+            idempotency on;
+            idempotency_redis_timeout 300ms;
+        }
+    }
+EOC
+ok(!$ok, "an inherited WAIT timeout too long for the location is refused");
+like($out, qr/\(500 ms\) must be shorter than "idempotency_redis_timeout" \(300 ms\)$at:6$/m,
+     "...at the line of idempotency_redis_wait, not the end of http{}")
+    or diag $out;
+
 # idempotency_key_secret: 32 bytes or more, readable by its owner only
 {
     my $f = "$dir/secret";
@@ -228,6 +326,12 @@ ok($ok && warnings($out) == 0,
     ok(!$ok, "a world-readable secret is refused");
     like($out, qr/must not be accessible to group or others/, "...saying why")
         or diag $out;
+
+    # openssl rand -hex 32: 64 digits and a newline, 256 bits
+    $write->((join '', map { sprintf '%02x', int rand 256 } 1 .. 32) . "\n",
+             0600);
+    ($ok, $out) = nginx_t($loc);
+    ok($ok, "a secret of 64 hexadecimal digits is accepted") or diag $out;
 }
 
 done_testing();

@@ -9,6 +9,7 @@
  *
  *   SET <prefix>{hex SHA-256(scope NUL fingerprint)}:f <key hash> NX GET PX t
  *
+ * (HMAC-SHA-256 with idempotency_key_secret, as record names: hash.c),
  * which remembers, for the detection window, which key first carried this
  * exact request (scope, method, URI, body), and answers the key that did.
  * A fresh claim whose request another key carried is counted and logged;

@@ -128,13 +128,17 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
 
 /*
  * SHA-256(scope NUL fingerprint): the request, whatever key it came with
- * (fresh.c); the scope was kept by record_key()
+ * (fresh.c); the scope was kept by record_key().  The fingerprint is clear
+ * in every record's head, so with idempotency_key_secret this is the HMAC,
+ * as record names are: else a reader of Redis could test guessed scopes
+ * against the name of the :f record.
  */
 
 ngx_int_t
 ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
     u_char *hash)
 {
+    ngx_str_t      fingerprint;
     unsigned int   len;
     EVP_MD_CTX    *md;
 
@@ -148,11 +152,19 @@ ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
         ngx_http_idempotency_md_free = md;
     }
 
+    fingerprint.data = ctx->claim + 5;
+    fingerprint.len = NGX_HTTP_IDEMPOTENCY_HASH_LEN;
+
+    if (ctx->conf->secret) {
+        return ngx_http_idempotency_secret_hash(ctx->conf->secret, md,
+                                                &ctx->scope, &fingerprint,
+                                                hash);
+    }
+
     if (EVP_DigestInit_ex(md, ngx_http_idempotency_sha256, NULL) != 1
         || EVP_DigestUpdate(md, ctx->scope.data, ctx->scope.len) != 1
         || EVP_DigestUpdate(md, "", 1) != 1
-        || EVP_DigestUpdate(md, ctx->claim + 5, NGX_HTTP_IDEMPOTENCY_HASH_LEN)
-           != 1
+        || EVP_DigestUpdate(md, fingerprint.data, fingerprint.len) != 1
         || EVP_DigestFinal_ex(md, hash, &len) != 1)
     {
         return NGX_ERROR;

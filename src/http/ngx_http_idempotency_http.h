@@ -141,6 +141,8 @@ typedef struct {
     ngx_uint_t                       redis_wait;     /* 0 and !aof: off */
     ngx_uint_t                       redis_wait_aof; /* unsigned:1 */
     ngx_msec_t                       redis_wait_timeout;
+    ngx_str_t                        redis_wait_file;  /* for merge errors */
+    ngx_uint_t                       redis_wait_line;
 
     /* the TLS of the Redis connection, applied to conf->redis */
     ngx_flag_t                       tls_verify;

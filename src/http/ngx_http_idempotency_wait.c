@@ -33,6 +33,8 @@ static void ngx_http_idempotency_wait_claim_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_wait_store_done(
     ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_wait_conf_error(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf, const char *fmt, ...);
 
 
 /* idempotency_redis_wait off | N [TIMEOUT] [aof] */
@@ -50,6 +52,13 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (ilcf->redis_wait != NGX_CONF_UNSET_UINT) {
         return "is duplicate";
+    }
+
+    /* the timeout is checked at merge, at the end of http{}: name this */
+
+    if (cf->conf_file) {
+        ilcf->redis_wait_file = cf->conf_file->file.name;
+        ilcf->redis_wait_line = cf->conf_file->line;
     }
 
     value = cf->args->elts;
@@ -81,7 +90,8 @@ ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (nelts > 3) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\"", &value[3]);
+                           "invalid parameter \"%V\" of \"%V\": expected "
+                           "off, or N [TIMEOUT] [aof]", &value[3], &cmd->name);
         return NGX_CONF_ERROR;
     }
 
@@ -138,6 +148,8 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 
     if (conf->redis_wait == NGX_CONF_UNSET_UINT) {
         conf->redis_wait_aof = prev->redis_wait_aof;
+        conf->redis_wait_file = prev->redis_wait_file;
+        conf->redis_wait_line = prev->redis_wait_line;
     }
 
     ngx_conf_merge_uint_value(conf->redis_wait, prev->redis_wait, 0);
@@ -147,7 +159,7 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     if (ngx_http_idempotency_wait_on(conf)
         && conf->redis_wait_timeout >= conf->redis_timeout)
     {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+        ngx_http_idempotency_wait_conf_error(cf, conf,
                            "the \"idempotency_redis_wait\" timeout (%M ms) "
                            "must be shorter than \"idempotency_redis_timeout\""
                            " (%M ms)", conf->redis_wait_timeout,
@@ -168,7 +180,7 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     }
 
     if (redis->wait_timeout && redis->wait_timeout >= redis->timeout) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+        ngx_http_idempotency_wait_conf_error(cf, conf,
                            "an \"idempotency_redis_wait\" timeout (%M ms) "
                            "on redis \"%V\" must be shorter than the "
                            "smallest \"idempotency_redis_timeout\" (%M ms) "
@@ -178,6 +190,43 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Merging runs at the end of http{}, where ngx_conf_log_error() would
+ * point: name the line of idempotency_redis_wait, or else of the location
+ * whose idempotency_redis_timeout is too short for a WAIT elsewhere.
+ */
+
+static void
+ngx_http_idempotency_wait_conf_error(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf, const char *fmt, ...)
+{
+    u_char      *p, errstr[NGX_MAX_CONF_ERRSTR];
+    va_list      args;
+    ngx_str_t   *file;
+    ngx_uint_t   line;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(errstr, errstr + NGX_MAX_CONF_ERRSTR, fmt, args);
+    va_end(args);
+
+    file = &conf->redis_wait_file;
+    line = conf->redis_wait_line;
+
+    if (line == 0 || !ngx_http_idempotency_wait_on(conf)) {
+        file = &conf->conf_file;
+        line = conf->conf_line;
+    }
+
+    if (line == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%*s", p - errstr, errstr);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0, "%*s in %V:%ui",
+                  p - errstr, errstr, file, line);
 }
 
 

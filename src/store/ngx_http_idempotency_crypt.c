@@ -143,6 +143,18 @@ ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
+    /* 32 hex digits ("openssl rand -hex 16") are 32 bytes of 128 bits */
+
+    if (ngx_http_idempotency_secret_hex_bits(buf, n)) {
+        ngx_explicit_memzero(buf, sizeof(buf));
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_encrypt_key\" file \"%V\" holds "
+                           "hexadecimal text, 128 bits or fewer: a key of "
+                           "32 random raw bytes, 256 bits, is expected "
+                           "(openssl rand 32 > FILE)", &name);
+        return NGX_CONF_ERROR;
+    }
+
     key = ngx_array_push(*set);
     if (key == NULL) {
         ngx_explicit_memzero(buf, sizeof(buf));

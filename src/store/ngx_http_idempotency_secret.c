@@ -17,9 +17,10 @@
 #include "ngx_http_idempotency_store.h"
 
 
-#define NGX_HTTP_IDEMPOTENCY_SECRET_MIN  32
-#define NGX_HTTP_IDEMPOTENCY_SECRET_MAX  4096
-#define NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK  64     /* SHA-256's block */
+#define NGX_HTTP_IDEMPOTENCY_SECRET_MIN   32
+#define NGX_HTTP_IDEMPOTENCY_SECRET_MAX   4096
+#define NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK   64    /* SHA-256's block */
+#define NGX_HTTP_IDEMPOTENCY_SECRET_BITS  256
 
 
 static void ngx_http_idempotency_secret_cleanup(void *data);
@@ -32,7 +33,8 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char                  buf[NGX_HTTP_IDEMPOTENCY_SECRET_MAX + 1];
     u_char                  key[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
     u_char                  pad[NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK];
-    size_t                  len;
+    char                   *rv;
+    size_t                  len, bits;
     ssize_t                 n;
     ngx_str_t              *value, name;
     ngx_uint_t              i;
@@ -56,10 +58,19 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
 
     name = value[1];
 
+    /*
+     * From here every way out goes by "done", which wipes what held the
+     * secret: a failed reload must not leave it on the master's stack
+     */
+
+    rv = NGX_CONF_ERROR;
+    ngx_memzero(key, sizeof(key));
+    ngx_memzero(pad, sizeof(pad));
+
     n = ngx_http_idempotency_secret_read(cf, &cmd->name, &name, buf,
                                          sizeof(buf));
     if (n == NGX_ERROR) {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
     if (n < NGX_HTTP_IDEMPOTENCY_SECRET_MIN
@@ -71,17 +82,31 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
                            "(openssl rand 32 > FILE)", &name, n,
                            NGX_HTTP_IDEMPOTENCY_SECRET_MIN,
                            NGX_HTTP_IDEMPOTENCY_SECRET_MAX);
-        return NGX_CONF_ERROR;
+        goto done;
+    }
+
+    /* hex text has 4 bits a byte: "openssl rand -hex 16" passes the size */
+
+    bits = ngx_http_idempotency_secret_hex_bits(buf, n);
+
+    if (bits && bits < NGX_HTTP_IDEMPOTENCY_SECRET_BITS) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_key_secret\" file \"%V\" holds "
+                           "%uz hexadecimal digits, %uz bits: a secret of "
+                           "%d bits is expected (openssl rand -hex 32 > FILE)",
+                           &name, bits / 4, bits,
+                           NGX_HTTP_IDEMPOTENCY_SECRET_BITS);
+        goto done;
     }
 
     s = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_secret_t));
     if (s == NULL) {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
     cln = ngx_pool_cleanup_add(cf->pool, 0);
     if (cln == NULL) {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
     cln->handler = ngx_http_idempotency_secret_cleanup;
@@ -91,24 +116,21 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     s->outer = EVP_MD_CTX_new();
 
     if (s->inner == NULL || s->outer == NULL) {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
     /* a key longer than the block is hashed first (RFC 2104) */
 
-    ngx_memzero(key, sizeof(key));
     len = n;
 
     if (len > NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK) {
         if (EVP_Digest(buf, len, key, &dlen, EVP_sha256(), NULL) != 1) {
-            return NGX_CONF_ERROR;
+            goto done;
         }
 
     } else {
         ngx_memcpy(key, buf, len);
     }
-
-    ngx_explicit_memzero(buf, sizeof(buf));
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK; i++) {
         pad[i] = key[i] ^ 0x36;
@@ -117,7 +139,7 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     if (EVP_DigestInit_ex(s->inner, EVP_sha256(), NULL) != 1
         || EVP_DigestUpdate(s->inner, pad, sizeof(pad)) != 1)
     {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_HMAC_BLOCK; i++) {
@@ -127,15 +149,57 @@ ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     if (EVP_DigestInit_ex(s->outer, EVP_sha256(), NULL) != 1
         || EVP_DigestUpdate(s->outer, pad, sizeof(pad)) != 1)
     {
-        return NGX_CONF_ERROR;
+        goto done;
     }
 
+    *set = s;
+    rv = NGX_CONF_OK;
+
+done:
+
+    /* the contexts, which hold the pads' state, are wiped when freed */
+
+    ngx_explicit_memzero(buf, sizeof(buf));
     ngx_explicit_memzero(key, sizeof(key));
     ngx_explicit_memzero(pad, sizeof(pad));
 
-    *set = s;
+    return rv;
+}
 
-    return NGX_CONF_OK;
+
+/*
+ * The bits of a file written as hex text ("openssl rand -hex N"): 4 a
+ * digit, a final line end aside.  0 if it is anything else, raw bytes
+ * whose 8 bits a byte the size checks count.
+ */
+
+size_t
+ngx_http_idempotency_secret_hex_bits(u_char *p, size_t n)
+{
+    size_t  i;
+    u_char  c;
+
+    if (n && p[n - 1] == '\n') {
+        n--;
+
+        if (n && p[n - 1] == '\r') {
+            n--;
+        }
+    }
+
+    if (n == 0) {
+        return 0;
+    }
+
+    for (i = 0; i < n; i++) {
+        c = p[i] | 0x20;
+
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+            return 0;
+        }
+    }
+
+    return 4 * n;
 }
 
 
@@ -169,6 +233,18 @@ ngx_http_idempotency_secret_read(ngx_conf_t *cf, ngx_str_t *directive,
     if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
                            ngx_fd_info_n " \"%V\" failed", name);
+        (void) ngx_close_file(fd);
+        return NGX_ERROR;
+    }
+
+    /* a directory opens, and its mode would read as "chmod 600" */
+
+    if (!ngx_is_file(&fi)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" file \"%V\" is %s: name the key file",
+                           directive, name,
+                           ngx_is_dir(&fi) ? "a directory"
+                                           : "not a regular file");
         (void) ngx_close_file(fd);
         return NGX_ERROR;
     }

@@ -355,6 +355,7 @@ ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
     EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
 ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
     ngx_str_t *directive, ngx_str_t *name, u_char *buf, size_t size);
+size_t ngx_http_idempotency_secret_hex_bits(u_char *p, size_t n);
 
 /* crypt.c: completed records sealed with AES-256-GCM */
 char *ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
