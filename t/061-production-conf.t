@@ -280,6 +280,19 @@ is(ref $busy->{json} && $busy->{json}{code}, 'store-unavailable',
 is(header($busy, 'Retry-After'), '1', 'with Retry-After: 1');
 sleep 1.5;
 
+# what the access log says of each: the owner's 502 and 504 were claims
+# (new), the 413s never were
+my %idem;
+for (lines_of("$dir/logs/api.log")) {
+    my ($st, $idem, $key) = /" (\d+) idem=(\w+) key=(\S+)/ or next;
+    push @{ $idem{$st} }, $idem;
+}
+is("@{ $idem{413} || [] }", 'bypass invalid',
+   'logged 413s: bypass (Content-Length), invalid (chunked)');
+is("@{ $idem{502} || [] }", 'new', 'logged 502: new (released)');
+is("@{ $idem{504} || [] }", 'new unknown',
+   'logged 504s: new (unknown outcome), unknown (its retry)');
+
 my @problems = log_problems("$dir/logs/error.log");
 is(scalar @problems, 0, 'no crash or alert') or diag @problems;
 
