@@ -265,8 +265,14 @@ echo "    $(grep -m1 'idempotency=new' "$PREFIX/logs/edge.log")"
 echo "    and ?hash= shows the same record:"
 echo "    \$ curl '$ops/idempotency/admin?hash=$hash'"
 curl -sS -m 10 -o "$out/admin-hash.body" "$ops/idempotency/admin?hash=$hash" || true
-if cmp -s "$out/admin.body" "$out/admin-hash.body"; then
-    echo "    ok: the same answer"
+# the same record; stored_at and expires_at are worked out from the clock
+# and Redis's PTTL, and may move by a millisecond between the two looks
+same_record() {
+    local times='s/"(stored_at|expires_at)":"[^"]*"//g'
+    [ "$(sed -E "$times" "$1")" = "$(sed -E "$times" "$2")" ]
+}
+if same_record "$out/admin.body" "$out/admin-hash.body"; then
+    echo "    ok: the same record"
 else
     echo "    FAIL: ?hash= answered $(cat "$out/admin-hash.body" 2>/dev/null)"
     fails=$((fails + 1))
