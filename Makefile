@@ -4,7 +4,9 @@
 #   make test       install what is missing, build, run the suite on a
 #                   private Redis
 #   make test-asan  the same with the module built under AddressSanitizer
-#   make demo       a running demo with curl output
+#   make demo       a running demo with curl output (installs only what it
+#                   needs); make demo KEEP=1 leaves its servers running and
+#                   prints what to try and how to stop them
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load, reload, soak at full size, the fault
 #                   campaign, then 5 min of fuzzing per parser (about 15 min)
@@ -86,9 +88,10 @@ test-asan: deps
 	    EXTRA_CFLAGS="-fsanitize=address -fno-omit-frame-pointer"
 	TEST_ASAN=1 ./util/test.sh "$(BUILD)-asan/ngx_http_idempotency_module.so"
 
-demo: deps
+demo:
+	./util/deps.sh --demo
 	$(MAKE) module
-	./demo/run.sh "$(MODULE)"
+	DEMO_KEEP="$(or $(DEMO_KEEP),$(KEEP))" ./demo/run.sh "$(MODULE)"
 
 bench: deps
 	$(MAKE) module
