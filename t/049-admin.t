@@ -126,6 +126,11 @@ my $dir = nginx_conf('admin', <<"EOC", 1);
             idempotency_admin;
             idempotency_encrypt_key $root/enc.key id=k-2026;
         }
+        location = /admin-acl {
+            idempotency_admin;
+            idempotency_redis 127.0.0.1:$redis_port user=admin-no-pttl
+                              password=pw;
+        }
         location = /admin-remote {
             idempotency_admin allow_remote;
             allow 10.0.0.0/8;
@@ -148,6 +153,11 @@ my $dir = nginx_conf('admin', <<"EOC", 1);
         }
     }
 EOC
+# the user of /admin-acl, before its worker connects as it
+my $cli = $ENV{REDIS_CLI} || 'redis-cli';
+my $acl = `$cli -p $redis_port ACL SETUSER admin-no-pttl on '>pw' '~*' '&*' +\@all -pttl 2>&1`;
+like($acl, qr/OK/, 'an ACL user that may not PTTL') or diag $acl;
+
 nginx_start($dir);
 sleep 0.3;
 
@@ -339,9 +349,20 @@ chomp $seen;
 is($seen, unpack('H*', $odd),
    "...python3's json.loads reads the view, and the bytes come back");
 
+# --- an ACL that forbids a command of the view: 503, and the log says why -----
+
+$r = req('GET', "/admin-acl?key=$run-odd&scope=tenant-42");
+problem($r, 503, 'admin-store-unavailable', qr/see the error log/,
+        'the view refused a command by the ACL');
+my @refused = grep { /refused the admin's PTTL/ }
+              lines_of("$dir/logs/error.log");
+like($refused[0] // '', qr/\[error\].*redis "127\.0\.0\.1:$redis_port" refused the admin's PTTL: NOPERM.*at "admin:\{[0-9a-f]{64}\}"/,
+     '...and the error log says which command Redis refused, and why')
+    or diag explain \@refused;
+`$cli -p $redis_port ACL DELUSER admin-no-pttl`;
+
 # --- Redis stalled beyond idempotency_redis_timeout (1s): 503 ------------------
 
-my $cli = $ENV{REDIS_CLI} || 'redis-cli';
 system("$cli -p $redis_port DEBUG SLEEP @{[ 2.5 * $slow ]} >/dev/null &");
 sleep 0.2;
 $r = req('GET', "/admin?key=$run-odd&scope=tenant-42");

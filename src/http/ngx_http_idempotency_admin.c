@@ -150,6 +150,9 @@ static void ngx_http_idempotency_admin_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_admin_cleanup(void *data);
 static void ngx_http_idempotency_admin_finish(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t rc, ngx_buf_t *b);
+static void ngx_http_idempotency_admin_refused(
+    ngx_http_idempotency_admin_ctx_t *ctx, redisReply *reply,
+    const char *command);
 static void ngx_http_idempotency_admin_fail(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t problem);
 
@@ -597,7 +600,9 @@ ngx_http_idempotency_admin_got(ngx_http_idempotency_op_t *op,
         || (reply->type != REDIS_REPLY_STRING
             && reply->type != REDIS_REPLY_NIL))
     {
-        return;     /* the PTTL's reply answers 503 */
+        /* the PTTL's reply answers 503 */
+        ngx_http_idempotency_admin_refused(ctx, reply, "GET");
+        return;
     }
 
     if (reply->type == REDIS_REPLY_NIL) {
@@ -636,6 +641,7 @@ ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
 
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER || ctx->len == 0)
     {
+        ngx_http_idempotency_admin_refused(ctx, reply, "PTTL");
         ngx_http_idempotency_admin_fail(ctx,
                                      NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
         return;
@@ -674,6 +680,7 @@ ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
     ctx->get = NULL;
 
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+        ngx_http_idempotency_admin_refused(ctx, reply, "delete");
         ngx_http_idempotency_admin_fail(ctx,
                                      NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
         return;
@@ -708,6 +715,7 @@ ngx_http_idempotency_admin_value(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_admin_purged(ctx, 0);
 
     } else {
+        ngx_http_idempotency_admin_refused(ctx, reply, "read");
         ngx_http_idempotency_admin_fail(ctx,
                                      NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
     }
@@ -787,6 +795,7 @@ ngx_http_idempotency_admin_purge_del(ngx_http_idempotency_op_t *op,
         return;
     }
 
+    ngx_http_idempotency_admin_refused(ctx, reply, "delete");
     ngx_http_idempotency_admin_fail(ctx,
                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
 }
@@ -921,6 +930,26 @@ ngx_http_idempotency_admin_cleanup(void *data)
     if (ctx->timeout.timer_set) {
         ngx_del_timer(&ctx->timeout);
     }
+}
+
+
+/*
+ * Redis refused one of the admin's commands (an ACL without +pttl, say):
+ * the 503 sends the operator to the error log, which must then say why
+ */
+
+static void
+ngx_http_idempotency_admin_refused(ngx_http_idempotency_admin_ctx_t *ctx,
+    redisReply *reply, const char *command)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, &ctx->log, 0,
+                  "idempotency: redis \"%V\" refused the admin's %s: %*s, "
+                  "at \"%V\"", &ctx->conf->redis->name, command,
+                  (size_t) reply->len, reply->str, &ctx->rkey);
 }
 
 
