@@ -7,10 +7,12 @@
  * JSON (state, status, times, sizes, fingerprint, stored headers, and the
  * body with &body=1); DELETE purges a completed, unknown or too-large
  * record, an in-progress claim only with &force=1.  Every refusal is a
- * problem+json that says what to send instead.  Only loopback clients are
- * answered unless the location says allow_remote, which is the operator's
- * word that nginx's own access control (allow/deny, auth_*) guards it;
- * each purge is logged at warn, by the key hash, never the raw key.
+ * problem+json that says what to send instead.  GET ?list=STATE lists
+ * the keys in a state, a page at a time (admin_list.c).  Only loopback
+ * clients are answered unless the location says allow_remote, which is the
+ * operator's word that nginx's own access control (allow/deny, auth_*)
+ * guards it; each purge is logged at warn, by the key hash, never the raw
+ * key.
  */
 
 
