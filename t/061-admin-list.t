@@ -10,7 +10,8 @@
 # - count=1 walks every record across pages (two workers: the cursor is
 #   good in either) and ends
 # - a bad state, count or cursor: 400 problem+json; DELETE: 405; a remote
-#   client without allow_remote: 403
+#   client without allow_remote: 403; a paused Redis: 503 within
+#   idempotency_redis_timeout
 # - Redis Cluster (util/topology.sh on TOPO_BASE, default 27800): unknown
 #   keys spread over several masters are all listed, master after master
 # Plain Test::More: its own nginx on 19940-19941 and TOPO_BASE+310/311.
@@ -23,7 +24,7 @@ use TopoTest;
 use JSON::PP;
 use IO::Socket::INET;
 use Digest::SHA qw(sha256_hex);
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(sleep time);
 use POSIX ();
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
@@ -271,6 +272,20 @@ is(req('DELETE', '/admin?list=all')->{status}, 405, 'DELETE of a list: 405');
 problem(req('GET', '/admin?list=all', "X-Real-IP: 10.1.2.3\r\n"), 403,
         'admin-remote-refused', qr/allow_remote/,
         'a remote client without allow_remote');
+
+# a Redis that does not answer: 503 within idempotency_redis_timeout (3s),
+# before the server wakes; its late replies find no request, and the next
+# listing works
+system("$ENV{REDIS_CLI} -p $redis_port DEBUG SLEEP 5 >/dev/null 2>&1 &");
+sleep 0.3;
+my $t0 = time;
+problem(req('GET', '/admin?list=all&count=1000'), 503,
+        'admin-store-unavailable', qr/idempotency_redis_timeout/,
+        'a paused Redis');
+cmp_ok(time - $t0, '<', 4.6, '...answered by the timeout, not by Redis');
+ok(wait_until(15, sub {
+       req('GET', '/admin?list=all&count=1000')->{status} == 200 }),
+   '...and the listing works once Redis answers again');
 
 # a cursor past the last master: the walk is over
 $j = json(req('GET', '/admin?list=all&cursor=1-0'));
