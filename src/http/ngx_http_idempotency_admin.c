@@ -7,10 +7,12 @@
  * JSON (state, status, times, sizes, fingerprint, stored headers, and the
  * body with &body=1); DELETE purges a completed, unknown or too-large
  * record, an in-progress claim only with &force=1.  Every refusal is a
- * problem+json that says what to send instead.  Only loopback clients are
- * answered unless the location says allow_remote, which is the operator's
- * word that nginx's own access control (allow/deny, auth_*) guards it;
- * each purge is logged at warn, by the key hash, never the raw key.
+ * problem+json that says what to send instead.  GET ?list=STATE lists
+ * the keys in a state, a page at a time (admin_list.c).  Only loopback
+ * clients are answered unless the location says allow_remote, which is the
+ * operator's word that nginx's own access control (allow/deny, auth_*)
+ * guards it; each purge is logged at warn, by the key hash, never the raw
+ * key.
  */
 
 
@@ -33,26 +35,13 @@ typedef struct {
 } ngx_http_idempotency_admin_ctx_t;
 
 
-/* the admin's refusals, in the order of ngx_http_idempotency_admin_problems */
-typedef enum {
-    NGX_HTTP_IDEMPOTENCY_ADMIN_NO_KEY = 0,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_HASH,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_KEY,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_REMOTE,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_CORRUPT,
-    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE
-} ngx_http_idempotency_admin_problem_e;
-
-
 /*
  * An operator reads these in a terminal, in the middle of an incident:
  * each says what was wrong and what to send instead.  No double quote in
  * them: the problem's builder copies them as they are.
  */
 
-static ngx_http_idempotency_problem_t  ngx_http_idempotency_admin_problems[] =
+ngx_http_idempotency_problem_t  ngx_http_idempotency_admin_problems[] =
 {
     { NGX_HTTP_BAD_REQUEST,
       ngx_string("admin-key-missing"),
@@ -261,6 +250,14 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    /* ?list=STATE: a page of the keys in a state (admin_list.c) */
+
+    if (ngx_http_arg(r, (u_char *) "list", 4, &arg) == NGX_OK) {
+        return (r->method == NGX_HTTP_DELETE)
+               ? NGX_HTTP_NOT_ALLOWED
+               : ngx_http_idempotency_admin_list(r, conf, &arg);
+    }
+
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_admin_ctx_t));
     if (ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -387,22 +384,8 @@ static void
 ngx_http_idempotency_admin_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem)
 {
-    ngx_int_t                        rc;
-    ngx_http_idempotency_problem_t  *pr;
-
-    static ngx_str_t  invalid_request = ngx_string("invalid_request_error");
-    static ngx_str_t  api_error = ngx_string("api_error");
-
-    pr = &ngx_http_idempotency_admin_problems[problem];
-
-    rc = ngx_http_idempotency_send_problem_of(r, conf, pr, pr->status,
-                                              pr->status < 500
-                                              ? &invalid_request : &api_error,
-                                              pr->status
-                                              == NGX_HTTP_SERVICE_UNAVAILABLE);
-    if (rc != NGX_DONE) {
-        ngx_http_finalize_request(r, rc);
-    }
+    ngx_http_idempotency_admin_answer(r, conf,
+                                 &ngx_http_idempotency_admin_problems[problem]);
 }
 
 
@@ -971,38 +954,7 @@ static void
 ngx_http_idempotency_admin_finish(ngx_http_idempotency_admin_ctx_t *ctx,
     ngx_int_t rc, ngx_buf_t *b)
 {
-    ngx_chain_t          out;
-    ngx_http_request_t  *r;
-
-    static ngx_str_t  json = ngx_string("application/json");
-
-    r = ctx->request;
-
     ngx_http_idempotency_admin_cleanup(ctx);
 
-    if (b == NULL) {
-        ngx_http_finalize_request(r, rc);
-        return;
-    }
-
-    r->headers_out.status = rc;
-    r->headers_out.content_type = json;
-    r->headers_out.content_type_len = json.len;
-    r->headers_out.content_type_lowcase = NULL;
-    r->headers_out.content_length_n = b->last - b->pos;
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        ngx_http_finalize_request(r, rc);
-        return;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    ngx_http_finalize_request(r, ngx_http_output_filter(r, &out));
+    ngx_http_idempotency_admin_json(ctx->request, rc, b);
 }

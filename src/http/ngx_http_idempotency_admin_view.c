@@ -21,7 +21,6 @@
 #include "ngx_http_idempotency_http.h"
 
 
-static u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
 static u_char *ngx_http_idempotency_admin_escape(u_char *dst, u_char *src,
     size_t size);
 
@@ -42,7 +41,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     ngx_int_t                       rc, sealed;
     ngx_str_t                       name, hvalue, src, dst, id;
     ngx_buf_t                      *b;
-    ngx_uint_t                      i, kind, status, hsize, opened;
+    ngx_uint_t                      i, status, hsize, opened;
     const char                     *state, *why;
     ngx_http_idempotency_record_t   rec;
 
@@ -96,35 +95,11 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 
     now = ngx_http_idempotency_epoch_msec();
     expires = pttl > 0 ? now + (uint64_t) pttl : 0;
-    lease = 0;
     status = rec.status;
 
-    switch (rec.state) {
-
-    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
-        kind = ngx_http_idempotency_lease_read(value, &status, now,
-                                               conf->lock_ttl / 3);
-
-        if (kind == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
-            state = "unknown";
-
-        } else {
-            state = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
-                    ? "unknown" : "in_progress";
-            lease = ngx_http_idempotency_lease_deadline(value);
-            status = (kind == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED)
-                     ? NGX_HTTP_BAD_GATEWAY : 0;
-        }
-
-        break;
-
-    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
-        state = "too_large";
-        break;
-
-    default:
-        state = "completed";
-    }
+    state = ngx_http_idempotency_admin_state(rec.state, value, now,
+                                             conf->lock_ttl / 3, &status,
+                                             &lease);
 
     hsize = rec.headers_end ? (ngx_uint_t) (rec.headers_end - rec.headers)
                             : 0;
@@ -262,9 +237,112 @@ done:
 }
 
 
+/*
+ * What the view and the listing call a record: in_progress, unknown (a
+ * claim whose owner's lease ran out is one already), completed (sealed
+ * or not) or too_large.  The status is an unknown outcome's, or
+ * unchanged; the lease's deadline is a claim's, else 0.
+ */
+
+const char *
+ngx_http_idempotency_admin_state(ngx_uint_t kind, u_char *head, uint64_t now,
+    ngx_msec_t margin, ngx_uint_t *status, uint64_t *lease)
+{
+    ngx_uint_t  lk;
+
+    *lease = 0;
+
+    switch (kind) {
+
+    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
+        lk = ngx_http_idempotency_lease_read(head, status, now, margin);
+
+        if (lk == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
+            return "unknown";
+        }
+
+        *lease = ngx_http_idempotency_lease_deadline(head);
+
+        if (lk == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED) {
+            *status = NGX_HTTP_BAD_GATEWAY;
+            return "unknown";
+        }
+
+        *status = 0;
+        return "in_progress";
+
+    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
+        return "too_large";
+
+    default:
+        return "completed";
+    }
+}
+
+
+/* a refusal as problem+json, finalized */
+
+void
+ngx_http_idempotency_admin_answer(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr)
+{
+    ngx_int_t  rc;
+
+    static ngx_str_t  invalid_request = ngx_string("invalid_request_error");
+    static ngx_str_t  api_error = ngx_string("api_error");
+
+    rc = ngx_http_idempotency_send_problem_of(r, conf, pr, pr->status,
+                                              pr->status < 500
+                                              ? &invalid_request : &api_error,
+                                              pr->status
+                                              == NGX_HTTP_SERVICE_UNAVAILABLE);
+    if (rc != NGX_DONE) {
+        ngx_http_finalize_request(r, rc);
+    }
+}
+
+
+/* a JSON answer (b), or a status alone (b NULL), finalized */
+
+void
+ngx_http_idempotency_admin_json(ngx_http_request_t *r, ngx_int_t rc,
+    ngx_buf_t *b)
+{
+    ngx_chain_t  out;
+
+    static ngx_str_t  json = ngx_string("application/json");
+
+    if (b == NULL) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
+    r->headers_out.status = rc;
+    r->headers_out.content_type = json;
+    r->headers_out.content_type_len = json.len;
+    r->headers_out.content_type_lowcase = NULL;
+    r->headers_out.content_length_n = b->last - b->pos;
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    ngx_http_finalize_request(r, ngx_http_output_filter(r, &out));
+}
+
+
 /* RFC 3339, UTC, milliseconds */
 
-static u_char *
+u_char *
 ngx_http_idempotency_admin_time(u_char *p, uint64_t msec)
 {
     ngx_tm_t  tm;

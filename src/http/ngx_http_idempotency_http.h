@@ -343,17 +343,41 @@ void ngx_http_idempotency_fresh_report(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_fresh_detach(ngx_http_idempotency_ctx_t *ctx);
 
+/* the admin's refusals, in the order of ngx_http_idempotency_admin_problems */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_ADMIN_NO_KEY = 0,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_HASH,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_BAD_KEY,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_REMOTE,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_CORRUPT,
+    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE
+} ngx_http_idempotency_admin_problem_e;
+
 /* admin.c: the operator's view of one key */
+extern ngx_http_idempotency_problem_t  ngx_http_idempotency_admin_problems[];
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_admin_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf);
 
-/* admin_view.c: the record as JSON */
+/* admin_view.c: the record as JSON, the admin's answers */
 ngx_int_t ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
     u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
     ngx_buf_t **out);
+const char *ngx_http_idempotency_admin_state(ngx_uint_t kind, u_char *head,
+    uint64_t now, ngx_msec_t margin, ngx_uint_t *status, uint64_t *lease);
+u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
+void ngx_http_idempotency_admin_answer(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr);
+void ngx_http_idempotency_admin_json(ngx_http_request_t *r, ngx_int_t rc,
+    ngx_buf_t *b);
+
+/* admin_list.c: a page of the keys in a state */
+ngx_int_t ngx_http_idempotency_admin_list(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *state);
 
 /* outcome.c: what is known of the owner's execution */
 void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,

@@ -1506,6 +1506,63 @@ ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
 
 
 /*
+ * A walk of the keys, master by master in the order of the lowest slot
+ * each serves: the same in every worker with the same map, so that the
+ * next page of a listing may be asked of another worker.  A master is
+ * named by that slot; after a failover its replica, which took the slot,
+ * goes on from the same SCAN cursor.
+ */
+
+ngx_int_t
+ngx_http_idempotency_cluster_walk(ngx_http_idempotency_redis_t *redis,
+    ngx_uint_t *at, ngx_http_idempotency_node_t **node)
+{
+    u_char                           seen[NGX_HTTP_IDEMPOTENCY_MAX_NODES];
+    ngx_uint_t                       s, idx;
+    ngx_http_idempotency_cluster_t  *cl;
+
+    cl = redis->cluster;
+
+    if (cl == NULL || redis->exiting) {
+        return NGX_AGAIN;
+    }
+
+    if (!cl->known) {
+        ngx_http_idempotency_cluster_refresh(cl);
+        return NGX_AGAIN;
+    }
+
+    ngx_memzero(seen, sizeof(seen));
+
+    for (s = 0; s < NGX_HTTP_IDEMPOTENCY_SLOTS; s++) {
+        idx = cl->slot_node[s];
+
+        if (idx == NGX_HTTP_IDEMPOTENCY_NO_NODE || seen[idx]) {
+            continue;
+        }
+
+        seen[idx] = 1;
+
+        if (s < *at) {
+            continue;
+        }
+
+        *at = s;
+        *node = &cl->nodes[idx]->node;
+
+        if (!(*node)->open) {
+            ngx_http_idempotency_cluster_use(cl->nodes[idx]);
+            return NGX_AGAIN;
+        }
+
+        return NGX_OK;
+    }
+
+    return NGX_DONE;
+}
+
+
+/*
  * subscribe.c: a subscriber was told that a slot is elsewhere (a MOVED to
  * SSUBSCRIBE: "<slot> <host>:<port>", as commands are) or has left
  * (len 0: an unsolicited sunsubscribe): the map is asked for again, and
@@ -1591,6 +1648,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology = {
     ngx_http_idempotency_cluster_exit,
     ngx_http_idempotency_cluster_command,
     ngx_http_idempotency_cluster_load_script,
+    ngx_http_idempotency_cluster_walk,
     NULL,                                  /* handshake */
     ngx_http_idempotency_cluster_up,
     NULL,                                  /* reply */

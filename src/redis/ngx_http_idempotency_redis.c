@@ -99,6 +99,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology = {
     ngx_http_idempotency_redis_node_exit,
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
+    NULL,                                  /* master */
     NULL,                                  /* handshake */
     NULL,                                  /* up */
     NULL,                                  /* reply */
@@ -1013,6 +1014,29 @@ ngx_http_idempotency_ops_done(void)
         ngx_http_idempotency_free_ops = op->next;
         ngx_free(op);
     }
+}
+
+
+/*
+ * The master a walk of the keys goes to at or after *at (store/scan.c):
+ * the topology's, or the one node of a standalone or Sentinel target, at 0
+ */
+
+ngx_int_t
+ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_t *redis,
+    ngx_uint_t *at, ngx_http_idempotency_node_t **node)
+{
+    if (redis->topology->master) {
+        return redis->topology->master(redis, at, node);
+    }
+
+    if (*at > 0) {
+        return NGX_DONE;
+    }
+
+    *node = redis->node;
+
+    return (*node && (*node)->open) ? NGX_OK : NGX_AGAIN;
 }
 
 

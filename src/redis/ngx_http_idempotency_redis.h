@@ -68,6 +68,16 @@ typedef struct {
     void                           (*load_script)(
                                        ngx_http_idempotency_redis_t *redis);
 
+    /*
+     * a walk of every key (SCAN is per server): the first master at or
+     * after *at, by a number that is the same in every worker; NULL: the
+     * one node at 0.  NGX_DONE: none left; NGX_AGAIN: not known yet.
+     */
+    ngx_int_t                      (*master)(
+                                       ngx_http_idempotency_redis_t *redis,
+                                       ngx_uint_t *at,
+                                       ngx_http_idempotency_node_t **node);
+
     /* a node's life: after CLIENT SETNAME (NGX_OK: scripts follow) */
     ngx_int_t                      (*handshake)(
                                        ngx_http_idempotency_node_t *node);
@@ -430,6 +440,9 @@ void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_ops_done(void);
+ngx_int_t ngx_http_idempotency_redis_master(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
+    ngx_http_idempotency_node_t **node);
 ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply);
 void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
@@ -487,6 +500,9 @@ ngx_uint_t ngx_http_idempotency_cluster_closed(
 void ngx_http_idempotency_cluster_load_script(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_cluster_walk(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
+    ngx_http_idempotency_node_t **node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);

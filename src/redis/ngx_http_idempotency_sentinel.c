@@ -1093,6 +1093,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology = {
     ngx_http_idempotency_sentinel_master_exit,
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
+    NULL,                                  /* master */
     ngx_http_idempotency_sentinel_handshake,
     NULL,                                  /* up */
     ngx_http_idempotency_sentinel_reply,
@@ -1116,6 +1117,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinels_topology = {
     ngx_http_idempotency_redis_node_exit,
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
+    NULL,                                  /* master */
     ngx_http_idempotency_sentinel_handshake,
     NULL,                                  /* up */
     ngx_http_idempotency_sentinel_reply,

@@ -321,6 +321,63 @@ ngx_int_t ngx_http_idempotency_purge_del_result(
 ngx_int_t ngx_http_idempotency_sealed_id(u_char *data, size_t len,
     ngx_str_t *id);
 
+/*
+ * scan.c: a page of a walk of the record keys, one SCAN step on one
+ * master, and each record's head and time to live read on the same node
+ */
+
+/* what is read of each record: its head and a sealed one's key id */
+#define NGX_HTTP_IDEMPOTENCY_SCAN_HEAD                                        \
+    (NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 + 32)
+
+/* the most keys one SCAN step may bring: far above COUNT 1000 */
+#define NGX_HTTP_IDEMPOTENCY_SCAN_KEYS_MAX  8192
+
+typedef struct ngx_http_idempotency_scan_s  ngx_http_idempotency_scan_t;
+
+/* the page is read (NGX_OK) or not (NGX_ERROR); the scan is freed after */
+typedef void (*ngx_http_idempotency_scan_pt)(ngx_http_idempotency_scan_t *s,
+    ngx_int_t rc);
+
+typedef struct {
+    u_char                           hash[NGX_HTTP_IDEMPOTENCY_HEX_LEN];
+    u_char                           head[NGX_HTTP_IDEMPOTENCY_SCAN_HEAD];
+    size_t                           len;        /* 0: gone since */
+    long long                        pttl;       /* -1: none */
+} ngx_http_idempotency_scan_key_t;
+
+struct ngx_http_idempotency_scan_s {
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_str_t                        prefix;
+    ngx_uint_t                       count;      /* SCAN's COUNT */
+
+    /* in: where the walk is; out: where it goes on */
+    ngx_uint_t                       master;
+    uint64_t                         cursor;
+
+    ngx_http_idempotency_scan_pt     handler;    /* NULL: cancelled */
+    void                            *data;
+
+    ngx_http_idempotency_scan_key_t *keys;       /* the records found */
+    ngx_uint_t                       nkeys;
+    ngx_uint_t                       scanned;    /* every key SCAN gave */
+    uint64_t                         at;         /* the epoch ms of the
+                                                    reads, for leases */
+
+    ngx_http_idempotency_node_t     *node;
+    ngx_uint_t                       pending;    /* ops out */
+    ngx_uint_t                       replies;    /* to the reads */
+    ngx_log_t                       *log;
+
+    unsigned                         end:1;      /* no page after this */
+    unsigned                         failed:1;
+};
+
+ngx_http_idempotency_scan_t *ngx_http_idempotency_scan_create(
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
+ngx_int_t ngx_http_idempotency_scan_start(ngx_http_idempotency_scan_t *scan);
+void ngx_http_idempotency_scan_cancel(ngx_http_idempotency_scan_t *scan);
+
 /* seen.c: which key first carried a request */
 ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *prefix, u_char *hash, u_char *key_hex, ngx_msec_t window);
