@@ -127,7 +127,7 @@ TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
                  t/037-redis-cluster-dns.t t/038-wake-cluster.t \
                  t/039-redis-sentinel-tls.t t/041-large-topologies.t \
                  t/042-redis-addrs.t t/043-waitaof.t \
-                 t/048-wait-release.t
+                 t/048-wait-release.t t/062-admin-list.t
 
 .PHONY: test-topologies test-valkey
 
