@@ -152,6 +152,10 @@ is(idem_status($r), '504 new', 'the first request times out: 504');
 is(hdr($r, 'x-should-retry'), 'false',
    '...and is told not to retry: a retry gets outcome-unknown');
 is(hdr($r, 'Stripe-Should-Retry'), 'false', '...Stripe-Should-Retry');
+like($r->{body}, qr/"code":"outcome-unknown"/,
+     '...and told outcome-unknown itself, not nginx\'s page');
+like($r->{head}, qr{^Content-Type: application/problem\+json}mi,
+     '...a problem document');
 sleep 1.0 * $slow;
 unknown_ok(post($edge_a, 'late-1', '/late'), 504, 'a retry');
 unknown_ok(post($edge_b, 'late-1', '/late'), 504, 'a retry on another edge');

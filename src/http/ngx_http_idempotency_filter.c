@@ -28,6 +28,8 @@ static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_owner_hints(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_problem_body(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 
 
 /* the next filters, set where the module's filters join the chain */
@@ -73,14 +75,27 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     case NGX_HTTP_IDEMPOTENCY_OUT_SENT:
         ngx_http_idempotency_unknown(r, ctx, status);
 
+        if (ctx->conf->on_unknown != NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP) {
+            return ngx_http_idempotency_next_header(r);
+        }
+
         /*
-         * nginx's own 502/504 (or its error_page): every retry will be
-         * told outcome-unknown, so a client library need not spend one
+         * Every retry will be told outcome-unknown: so is the owner, in
+         * place of nginx's own 502/504 page (no redirect since the start,
+         * so no error_page of the operator's made it), and a client
+         * library need not spend a request to learn it.  An error_page's
+         * page stays, with the hint not to retry.
          */
 
-        if (ctx->conf->on_unknown == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP
-            && ngx_http_idempotency_owner_hints(r, ctx) != NGX_OK)
-        {
+        if (r->err_status && r->internal == ctx->internal) {
+            if (ngx_http_idempotency_problem_unknown(r, ctx->conf, status,
+                                                     &ctx->problem)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+        } else if (ngx_http_idempotency_owner_hints(r, ctx) != NGX_OK) {
             return NGX_ERROR;
         }
 
@@ -200,6 +215,10 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     ctx = ngx_http_idempotency_get_ctx(r);
 
+    if (ctx && ctx->problem.data) {
+        return ngx_http_idempotency_problem_body(r, ctx, in);
+    }
+
     if (ctx == NULL || !ctx->capturing) {
         return ngx_http_idempotency_next_body(r, in);
     }
@@ -237,6 +256,55 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     ngx_http_idempotency_consume(r, in);
 
     return (ctx->capturing || last) ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
+ * nginx's own error page goes nowhere; the problem document the header
+ * filter prepared goes in its place, with its last buffer
+ */
+
+static ngx_int_t
+ngx_http_idempotency_problem_body(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
+{
+    ngx_buf_t    *b;
+    ngx_uint_t    last;
+    ngx_chain_t  *cl, out;
+
+    last = 0;
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+
+        if (cl->buf->in_file) {
+            cl->buf->file_pos = cl->buf->file_last;
+        }
+
+        last |= cl->buf->last_buf;
+    }
+
+    if (!last) {
+        return NGX_OK;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->pos = ctx->problem.data;
+    b->last = ctx->problem.data + ctx->problem.len;
+    b->memory = 1;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    ngx_str_null(&ctx->problem);
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_idempotency_next_body(r, &out);
 }
 
 

@@ -204,6 +204,9 @@ struct ngx_http_idempotency_ctx_s {
     /* outcome.c: upstream attempts before the claim are not the owner's */
     ngx_uint_t                       states_from;
 
+    /* filter.c: the outcome-unknown problem in place of nginx's own page */
+    ngx_str_t                        problem;
+
     /* an unknown outcome read, and the record to take over under forward */
     ngx_uint_t                       unknown_status;
     ngx_uint_t                       takes;
@@ -222,6 +225,7 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                         expired:1;  /* seen: a dead owner's */
     unsigned                         previous_unknown:1;
     unsigned                         took_over:1;    /* forward: never free */
+    unsigned                         internal:1; /* r->internal at start */
 
     /* fresh.c: the same request under another key */
     ngx_str_t                        scope;
@@ -292,6 +296,8 @@ ngx_int_t ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
     ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry);
+ngx_int_t ngx_http_idempotency_problem_unknown(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status, ngx_str_t *body);
 ngx_int_t ngx_http_idempotency_retry_hints(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t retry);
 ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,

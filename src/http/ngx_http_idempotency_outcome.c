@@ -24,6 +24,9 @@ ngx_http_idempotency_outcome_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
     ctx->states_from = r->upstream_states ? r->upstream_states->nelts : 0;
+
+    /* an error_page from here on redirects, and makes a page of its own */
+    ctx->internal = r->internal;
 }
 
 

@@ -12,6 +12,9 @@
 
 static ngx_int_t ngx_http_idempotency_send(ngx_http_request_t *r,
     u_char *data, size_t len);
+static ngx_int_t ngx_http_idempotency_problem_prepare(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
+    ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry, ngx_str_t *out);
 static ngx_int_t ngx_http_idempotency_add_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value, ngx_table_elt_t **hp);
 static ngx_int_t ngx_http_idempotency_add_trailers(ngx_http_request_t *r,
@@ -138,6 +141,34 @@ ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
     ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry)
 {
+    ngx_str_t  body;
+
+    if (ngx_http_discard_request_body(r) != NGX_OK) {
+        r->keepalive = 0;
+    }
+
+    if (ngx_http_idempotency_problem_prepare(r, conf, pr, status, type, retry,
+                                             &body)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_idempotency_send(r, body.data, body.len);
+}
+
+
+/*
+ * The problem document in r's pool and the headers that go with it, for
+ * whoever sends it: send_problem_of(), or the owner's body filter, which
+ * puts it in place of nginx's own error page (filter.c)
+ */
+
+static ngx_int_t
+ngx_http_idempotency_problem_prepare(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr,
+    ngx_uint_t status, ngx_str_t *type, ngx_uint_t retry, ngx_str_t *out)
+{
     u_char     *body, *p;
     size_t      len;
     uintptr_t   escape;
@@ -147,10 +178,6 @@ ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     static ngx_str_t  one = ngx_string("1");
     static ngx_str_t  cache_control = ngx_string("Cache-Control");
     static ngx_str_t  no_store = ngx_string("no-store");
-
-    if (ngx_http_discard_request_body(r) != NGX_OK) {
-        r->keepalive = 0;
-    }
 
     escape = ngx_escape_json(NULL, conf->problem_base_uri.data,
                              conf->problem_base_uri.len);
@@ -169,7 +196,7 @@ ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
 
     body = ngx_pnalloc(r->pool, len);
     if (body == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
     p = ngx_cpymem(body, "{\"type\":\"", sizeof("{\"type\":\"") - 1);
@@ -220,7 +247,7 @@ ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
         if (ngx_http_idempotency_add_header(r, &name, &value, NULL)
             != NGX_OK)
         {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_ERROR;
         }
     }
 
@@ -228,14 +255,35 @@ ngx_http_idempotency_send_problem_of(ngx_http_request_t *r,
     value = no_store;
 
     if (ngx_http_idempotency_add_header(r, &name, &value, NULL) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
     if (ngx_http_idempotency_retry_hints(r, conf, retry) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
-    return ngx_http_idempotency_send(r, body, p - body);
+    out->data = body;
+    out->len = p - body;
+
+    return NGX_OK;
+}
+
+
+/*
+ * outcome-unknown for the owner itself, as its retries will be told: in
+ * place of nginx's own 502/504 page (filter.c)
+ */
+
+ngx_int_t
+ngx_http_idempotency_problem_unknown(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status, ngx_str_t *body)
+{
+    static ngx_str_t  api_error = ngx_string("api_error");
+
+    return ngx_http_idempotency_problem_prepare(r, conf,
+               &ngx_http_idempotency_problems[
+                   NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN],
+               status, &api_error, 0, body);
 }
 
 
