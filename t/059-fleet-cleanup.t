@@ -19,6 +19,7 @@ use lib 't/lib';
 use Test::More;
 use Fleet;
 use IO::Socket::INET;
+use IO::Select;
 use POSIX ();
 use Time::HiRes qw(sleep time);
 
@@ -117,6 +118,9 @@ sub run {
         # "harness"; the victim's stdout (TAP) comes to us
         setpgrp(0, 0);
         close $r;
+        # as a terminal's job would: a run started in the background has
+        # SIGINT ignored, and an ignored signal stays so across exec
+        $SIG{$_} = 'DEFAULT' for qw(INT TERM HUP ALRM);
         open STDOUT, '>&', $w or die $!;
         my $pid = fork // POSIX::_exit(1);
         if ($pid) {
@@ -131,7 +135,9 @@ sub run {
     close $w;
     my ($master, $worker, $out, $victim_pid) = (0, 0, '');
     my $deadline = time + 120 * $slow;
+    my $sel = IO::Select->new($r);
     while (time < $deadline) {
+        $sel->can_read($deadline - time) or last;
         my $line = <$r>;
         last unless defined $line;
         $out .= $line;
@@ -154,9 +160,16 @@ sub run {
         kill $how, $victim_pid // -$harness;
     }
     # the harness ends when the victim does (or at once when killed)
-    waitpid $harness, 0;
-    ok(within(60, sub { !$victim_pid || !alive($victim_pid) }),
-       "$tag: the victim has ended");
+    my $reaped = 0;
+    ok(within(60, sub {
+        $reaped ||= waitpid($harness, POSIX::WNOHANG()) != 0;
+        $reaped && (!$victim_pid || !alive($victim_pid));
+    }), "$tag: the victim has ended");
+    # whatever failed, nothing of it is left for the next case
+    if (!$reaped) {
+        kill 'KILL', -$harness;
+        waitpid $harness, 0;
+    }
     ok(within(60, sub { !alive($master) && !alive($worker) }),
        "$tag: its nginx master and worker are gone");
     ok(within(60, sub { port_free($port) }), "$tag: its port is free");
@@ -166,7 +179,6 @@ sub run {
         ok(within(60, sub { !grep { !port_free($_) } @redis_ports }),
            "$tag: its topology is down, ports @redis_ports free");
     }
-    # whatever failed, nothing of it is left for the next case
     kill 'KILL', $victim_pid if $victim_pid && alive($victim_pid);
     kill 'KILL', -$master if $master && alive($master);
     close $r;
