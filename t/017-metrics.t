@@ -2,12 +2,15 @@
 # scrape answered by either of two workers shows every worker's requests;
 # a reload keeps them; Redis up/down/reconnects; the claim latency
 # histogram; promtool accepts the scrape and the shipped alert rules.
+# What needs a request to be in flight holds it (t/lib/Held.pm) or holds
+# Redis (SIGSTOP): nothing depends on how fast this machine is.
 # Plain Test::More: it runs its own nginx with a master and 2 workers.
 use strict;
 use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use Held;
 use IO::Socket::INET;
 use IO::Select;
 use JSON::PP ();
@@ -18,7 +21,7 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
 
 my $redis_port = $ENV{TEST_NGINX_REDIS_PORT} || 6379;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
-my ($port, $backend_port) = (20500, 20501);
+my ($port, $backend_port, $held_port) = (20500, 20501, 20503);
 my $redis = 'util/redis.sh';
 my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
 my $promtool = `sh -c 'command -v promtool'`;
@@ -30,7 +33,7 @@ sub edge_conf {
     my $extra = shift // '';
     return <<"EOC";
     idempotency_redis 127.0.0.1:$redis_port;
-    idempotency_redis_timeout 500ms;
+    idempotency_redis_timeout 5s;
     log_format served '\$pid \$idempotency_status';
     server {
         listen 127.0.0.1:$port reuseport;
@@ -42,12 +45,12 @@ sub edge_conf {
         }
         location = /slow {
             idempotency on;
-            proxy_pass http://127.0.0.1:$backend_port/slow;
+            proxy_pass http://127.0.0.1:$held_port;
         }
         location = /lost {
             idempotency on;
             idempotency_redis_prefix lost:;
-            proxy_pass http://127.0.0.1:$backend_port/slow;
+            proxy_pass http://127.0.0.1:$held_port;
         }
         location = /big {
             idempotency on;
@@ -83,13 +86,13 @@ sub edge_conf {
         listen 127.0.0.1:$backend_port;
         access_log off;
         location /ok { echo "ok"; }
-        location /slow { echo_sleep 1; echo "slow"; }
         location /fail { return 503 "failed\\n"; }
     }
 EOC
 }
 
 my $dir = nginx_conf('edge', edge_conf());
+my $held = Held->new($held_port);
 
 # scrape(): a new connection each time, so either worker may answer
 sub scrape {
@@ -166,7 +169,7 @@ sub get_pay {
 
 nginx_start($dir);
 
-ok(wait_for($up, 1, 5 * $slow), "redis_up is 1 once the workers connected");
+ok(wait_for($up, 1, 30 * $slow), "redis_up is 1 once the workers connected");
 
 my $t = time;
 my %st;
@@ -177,12 +180,18 @@ $st{ post("k$_-$t", "amount=$_")->{status} }++ for 1 .. 3;
 $st{ post("k1-$t", "amount=999")->{status} }++;
 is_deeply(\%st, { 200 => 8, 422 => 1 }, "5 new, 3 replays, 1 mismatch");
 
-# 1 new on a slow backend and 2 duplicates while it runs: 2 conflicts
+# 1 new whose upstream is held and 2 duplicates while it runs: 2
+# conflicts
 {
-    my $res = http_burst([ map { [$port, "slow-$t", 'x', '/slow'] } 1 .. 3 ],
-                         5 * $slow);
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+    print $s Fleet::_request("slow-$t", 'x', '/slow');
+    my $c = $held->take;
     my %s;
-    $s{ $_->{status} }++ for @$res;
+    $s{ $_->{status} }++ for @{ http_burst([ map { [$port, "slow-$t", 'x',
+                                                    '/slow'] } 1 .. 2 ],
+                                           30 * $slow) };
+    $held->answer($c, "slow\n") if $c;
+    $s{ Fleet::_parse(do { local $/; <$s> } // '')->{status} }++;
     is_deeply(\%s, { 200 => 1, 409 => 2 }, "slow: 1 new, 2 conflicts")
         or diag explain \%s;
 }
@@ -198,17 +207,16 @@ is(post("fail-$t", 'x', '/fail')->{status}, 503, "a 503 is released");
 
 # a claim that disappears while its request runs: the store finds it gone
 {
-    my $pid = fork // die;
-    if (!$pid) {
-        http_post($port, "lost-$t", 'x', '/lost', undef, 5);
-        exit 0;
-    }
-    sleep 0.4;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+    print $s Fleet::_request("lost-$t", 'x', '/lost');
+    my $c = $held->take;
     my @keys = grep { /\S/ } split /\n/,
                `$ENV{REDIS_CLI} -p $redis_port --scan --pattern 'lost:*'`;
-    is(scalar @keys, 1, "the claim of the slow request is in Redis");
+    is(scalar @keys, 1, "the claim of the held request is in Redis");
     redis_cli('DEL', $_) for @keys;
-    waitpid $pid, 0;
+    $held->answer($c, "slow\n") if $c;
+    local $/;
+    my $res = <$s>;
 }
 
 my %want = (
@@ -231,7 +239,7 @@ my %want = (
 # arrives: wait until one scrape shows them all
 sub scrape_settled {
     my ($want) = @_;
-    my $deadline = time + 3 * $slow;
+    my $deadline = time + 30 * $slow;
     while (time < $deadline) {
         my $m = scrape()->{m};
         return 1 unless grep { ($m->{$_} // -1) != $want->{$_} } keys %$want;
@@ -350,7 +358,7 @@ is(scrape('POST')->{status}, 405, "the metrics location refuses POST");
         }
 EOC
     nginx_signal($dir, 'reload');
-    my $deadline = time + 10 * $slow;
+    my $deadline = time + 60 * $slow;
     while (time < $deadline) {
         my $pid = scrape()->{pid};
         last if $pid && !$old{$pid};
@@ -371,39 +379,68 @@ EOC
     check_counts('after a reload, counting on', \%want);
 }
 
-# a claim that Redis answers after ~150 ms lands in the 0.25 s bucket
+# a claim that Redis held 0.6 s lands above the 0.5 s bucket, and adds at
+# least that to the sum.  Redis is stopped (SIGSTOP) before the request
+# and continued 0.6 s after the claim was seen waiting in its socket, so
+# the claim took at least that long however loaded the machine is (and at
+# most idempotency_redis_timeout, 5 s: no upper bucket is asserted)
+my $redis_pid;
+END { kill 'CONT', $redis_pid if $redis_pid }
+
+# bytes waiting in Redis's end of an established connection
+sub redis_queued {
+    my $n = 0;
+    my $me = sprintf ':%04X', $redis_port;
+    for my $f ('/proc/net/tcp', '/proc/net/tcp6') {
+        for (lines_of($f)) {
+            my @f = split ' ';
+            next unless ($f[1] // '') =~ /\Q$me\E$/ && $f[3] eq '01';
+            $n += hex((split /:/, $f[4])[1]);
+        }
+    }
+    return $n;
+}
+
 {
     my $before = scrape()->{m};
-    my $pid = fork // die;
-    if (!$pid) {
-        exec($ENV{REDIS_CLI}, '-p', $redis_port, 'DEBUG', 'SLEEP', '0.15');
-    }
-    sleep 0.02;
-    is(post("delayed-$t", 'x')->{status}, 200, "a claim Redis delays");
-    waitpid $pid, 0;
+    $redis_pid = redis_pid() or die "no pid of the test Redis";
+    kill 'STOP', $redis_pid;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+    print $s Fleet::_request("delayed-$t", 'x');
+    my $deadline = time + 30 * $slow;
+    sleep 0.01 until redis_queued() || time > $deadline;
+    ok(redis_queued(), "the claim waits in the stopped Redis's socket");
+    sleep 0.6;
+    kill 'CONT', $redis_pid;
+    $redis_pid = undef;
+    my $res = Fleet::_parse(do { local $/; <$s> } // '');
+    is($res->{status}, 200, "a claim Redis held");
     scrape_settled({ "${lat}_count" => $before->{"${lat}_count"} + 1 });
     my $m = scrape()->{m};
-    is($m->{"${lat}_bucket{le=\"0.1\"}"},
-       $before->{"${lat}_bucket{le=\"0.1\"}"}, "...not within 0.1 s");
-    is($m->{"${lat}_bucket{le=\"0.25\"}"},
-       $before->{"${lat}_bucket{le=\"0.25\"}"} + 1, "...within 0.25 s");
-    cmp_ok($m->{"${lat}_sum"} - $before->{"${lat}_sum"}, '>=', 0.1,
+    for my $le (qw(0.1 0.25 0.5)) {
+        is($m->{"${lat}_bucket{le=\"$le\"}"},
+           $before->{"${lat}_bucket{le=\"$le\"}"}, "...not within $le s");
+    }
+    is($m->{"${lat}_bucket{le=\"+Inf\"}"},
+       $before->{"${lat}_bucket{le=\"+Inf\"}"} + 1, "...within +Inf");
+    cmp_ok($m->{"${lat}_sum"} - $before->{"${lat}_sum"}, '>=', 0.6,
            "...and adds its time to the sum");
 }
 
 # Redis down: redis_up 0, errors counted; back: reconnects counted
 {
     system($redis, 'stop', $redis_port);
-    ok(wait_for($up, 0, 3 * $slow), "Redis stopped: redis_up is 0");
+    ok(wait_for($up, 0, 30 * $slow), "Redis stopped: redis_up is 0");
     is(post("down-$t", 'x')->{status}, 503, "Redis down: 503");
     is(post("down-pass-$t", 'x', '/pass')->{status}, 200,
        "Redis down: passed unprotected");
-    ok(wait_for(req('api', 'error'), 2, 2), "2 errors counted");
+    ok(wait_for(req('api', 'error'), 2, 30 * $slow), "2 errors counted");
 
     system($redis, 'start', $redis_port);
-    ok(wait_for($up, 1, 5 * $slow), "Redis back: redis_up is 1");
+    ok(wait_for($up, 1, 30 * $slow), "Redis back: redis_up is 1");
     my $r;
-    for (1 .. 30) {
+    my $deadline = time + 30 * $slow;
+    while (time < $deadline) {
         $r = scrape()->{m}{$reconnects};
         last if $r >= 2;
         sleep 0.1;

@@ -1,7 +1,9 @@
 # The store path of t/034 on Redis Cluster: both forms of the store (the
 # finish script alone; a staged SET and the script that RENAMEs it) reach
 # the master of the record's slot, follow MOVED, and fall back to EVAL
-# after a NOSCRIPT.
+# after a NOSCRIPT.  The moves happen while the upstream is held by the
+# test (t/lib/Held.pm), so the store always comes after them, however
+# long a migration takes on a busy machine.
 # - a 300 KB record: its staging key shares the record's slot (no
 #   CROSSSLOT), RENAME on the master, byte-exact replay, no staging key
 # - SCRIPT FLUSH on every master: small and large stores still land
@@ -13,13 +15,15 @@
 # script to flush, and a store during an open migration lands on the
 # source that holds the claim, without TRYAGAIN; this file checks that.
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
-# nodes +11..+16), nginx on TOPO_BASE+310 and +311.
+# nodes +11..+16), nginx on TOPO_BASE+310 and +311, the held upstream on
+# +312.
 use strict;
 use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
 use TopoTest;
+use Held;
 use Digest::SHA qw(sha256_hex);
 use IO::Socket::INET;
 use Time::HiRes qw(sleep);
@@ -35,7 +39,7 @@ $ENV{TOPO_BASE} = $base;
 $ENV{TOPO_DIR} ||= "/tmp/ngx-idempotency-topo-cluster-$base";
 my $topo = 'util/topology.sh';
 my $seed = $base + 11;
-my ($port, $be_port) = ($base + 310, $base + 311);
+my ($port, $be_port, $held_port) = ($base + 310, $base + 311, $base + 312);
 
 my $native = server_caps()->{native};
 
@@ -76,6 +80,29 @@ sub staged_keys {
 
 sub slot_of { cli($seed, 'CLUSTER', 'KEYSLOT', sha256_hex("\0" . shift)) }
 
+# the length of the value of a key's record (its claim or its record)
+# where it lives, 0 if nowhere yet; asks only the masters holding keys of
+# its slot, so that it causes no MOVED of its own
+sub record_len {
+    my $key = shift;
+    my $slot = slot_of($key);
+    my $rkey = 'idem:{' . sha256_hex("\0$key") . '}';
+    for my $p (masters()) {
+        next unless cli($p, 'CLUSTER', 'COUNTKEYSINSLOT', $slot) > 0;
+        next unless cli($p, 'EXISTS', $rkey) eq '1';
+        return cli($p, 'STRLEN', $rkey);
+    }
+    return 0;
+}
+
+# stored(key, size): the record is there, at least size bytes; a store is
+# sent after the response left, so it is waited for (with room for a busy
+# machine), not slept for
+sub stored {
+    my ($key, $size) = @_;
+    return wait_until(60, sub { record_len($key) >= $size });
+}
+
 my $root = fleet_root('store-cluster');
 my $big = join '', map { chr($_ % 251) } 0 .. 300 * 1024 - 1;
 mkdir "$root/www";
@@ -98,16 +125,17 @@ my $dir = nginx_conf('sc', <<"EOC", 1);
         access_log $root/sc/logs/backend.log backend;
         location = /small { return 201 "ok\\n"; }
         location = /big { root $root/www; }
-        location = /slow { echo_sleep 1.5; echo "slow"; }
-        location = /slowbig { echo_sleep 1.5; echo_duplicate 307200 "x"; }
+        location = /held { proxy_pass http://127.0.0.1:$held_port; }
     }
 EOC
 nginx_start($dir);
+my $held = Held->new($held_port);
 
-for (1 .. 50) {
-    last if http_post($port, "warm-$_", 'x', '/small')->{status} == 201;
-    sleep 0.1;
-}
+# until the worker learnt the map
+my $warm = 0;
+wait_until(60, sub {
+    http_post($port, 'warm-' . ++$warm, 'x', '/small')->{status} == 201
+});
 
 sub runs { upstream_runs($dir)->{$_[0]} // 0 }
 sub lost {
@@ -128,7 +156,7 @@ sub replays {
 cli($_, 'CONFIG', 'RESETSTAT') for masters();
 my $r = http_post($port, 'cbig-1', 'x', '/big');
 is(idem_status($r), '200 new', "a 300 KB response");
-sleep 0.3;
+ok(stored('cbig-1', 300 * 1024), "...stored");
 is(calls('rename'), $native ? 0 : 1,
    $native ? "native: nothing staged, no RENAME"
            : "one RENAME on the record's master");
@@ -143,7 +171,8 @@ is(idem_status(http_post($port, 'cflush-small', 'x', '/small')), '201 new',
    "after SCRIPT FLUSH: a small store");
 is(idem_status(http_post($port, 'cflush-big', 'x', '/big')), '200 new',
    "and a large one");
-sleep 0.3;
+ok(stored('cflush-small', 100) && stored('cflush-big', 300 * 1024),
+   "...both stored");
 if ($native) {
     is(errors('NOSCRIPT') . ' ' . calls('eval'), '0 0',
        "native: no script to miss, no EVAL");
@@ -154,67 +183,90 @@ if ($native) {
 replays('cflush-small', '/small', "ok\n");
 replays('cflush-big', '/big', $big);
 
+# send_held(key) -> the client's socket, once the request reached the held
+# upstream: its key is claimed, its store not sent yet
+my $held_body = 'x' x 307200;
+sub send_held {
+    my $key = shift;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
+    print $s Fleet::_request($key, 'x', '/held');
+    my $c = $held->take;
+    ok($c, "$key: the upstream holds the request") or return;
+    return ($s, $c);
+}
+
+# the response to the client's socket, to its end
+sub response_of {
+    my $s = shift;
+    local $/;
+    return Fleet::_parse(<$s> // '');
+}
+
 # 3. the slot moves while the upstream runs: the staged SET and the finish,
 # pipelined together to the old owner, both meet MOVED and go to the new
-# one (the finish alone follows MOVED in t/031's resharding)
-my $key = 'cmove-big';
-cli($_, 'CONFIG', 'RESETSTAT') for masters();
-my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
-print $s Fleet::_request($key, 'x', '/slowbig');
-sleep 0.3;
-topo('cluster-migrate-slot', slot_of($key));
-topo('cluster-finish-migration');
-{
-    local $/;
-    my $res = <$s>;
-    is(idem_status(Fleet::_parse($res // '')), '200 new',
-       "a request across the move");
+# one (the finish alone follows MOVED in t/031's resharding).  The worker
+# refreshes its map every 60 s: if that refresh falls between the move and
+# the store, the store goes straight to the new owner and meets no MOVED;
+# the move is then done again with another key (a second refresh is a
+# minute away)
+my ($key, $moved);
+for my $try (1 .. 3) {
+    $key = "cmove-big-$try";
+    cli($_, 'CONFIG', 'RESETSTAT') for masters();
+    my ($s, $c) = send_held($key) or last;
+    topo('cluster-migrate-slot', slot_of($key));
+    topo('cluster-finish-migration');
+    $held->answer($c, $held_body);
+    is(idem_status(response_of($s)), '200 new', "a request across the move");
+    ok(stored($key, 300 * 1024), "...stored on the new owner");
+    # both meet MOVED when they reach the old owner together; the first
+    # MOVED may have refreshed the map before the second was sent
+    last if ($moved = errors('MOVED')) >= 1;
+    note "$key: no MOVED: the map was refreshed in between; again";
 }
-sleep 0.5;
-# both meet MOVED when they reach the old owner together; on a loaded box
-# the first MOVED may have refreshed the map before the second was sent
-cmp_ok(errors('MOVED'), '>=', 1,
-       "the staged SET and the finish followed MOVED");
+cmp_ok($moved, '>=', 1, "the staged SET and the finish followed MOVED");
 is(calls('rename'), $native ? 0 : 1,
    $native ? "native: no RENAME"
            : "the record was moved in place on the new owner");
 is_deeply([staged_keys()], [], "no staging key left");
-replays($key, '/slowbig', 'x' x 307200);
+replays($key, '/held', $held_body);
 
 # 4. a migration that stays open longer than idempotency_redis_timeout
 # while a large store is in flight: the claim stays on the source, the
 # staged copy goes to the target (ASK), and the finish meets TRYAGAIN
 # until the slot has moved; it is sent again until then (the lease lasts
-# 2m), and the record replays instead of the key reading as unknown
+# 2m), and the record replays instead of the key reading as unknown.  The
+# migration is opened while the upstream is held, and finished only once
+# the finish met TRYAGAIN past the timeout and was kept to be sent again
 $key = 'cslow-move-big';
 cli($_, 'CONFIG', 'RESETSTAT') for masters();
-$s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die $!;
-print $s Fleet::_request($key, 'x', '/slowbig');
-sleep 0.2;
-topo('cluster-migrate-slot', slot_of($key));
 {
-    local $/;
-    my $res = <$s>;
-    is(idem_status(Fleet::_parse($res // '')), '200 new',
+    my ($s, $c) = send_held($key);
+    topo('cluster-migrate-slot', slot_of($key));
+    $held->answer($c, $held_body) if $c;
+    is(idem_status(response_of($s)), '200 new',
        "a large response while its slot migrates");
 }
-sleep 3.5;      # past idempotency_redis_timeout (3s)
+my $kept = sub {
+    scalar grep { /did not acknowledge the record/ }
+           lines_of("$dir/logs/error.log");
+};
 if ($native) {
+    ok(stored($key, 300 * 1024), "native: stored on the source at once");
     is(errors('TRYAGAIN'), 0, "native: one key, served by its source");
 } else {
+    # idempotency_redis_timeout (3s), then the store layer keeps it
+    ok(wait_until(60, sub { errors('TRYAGAIN') >= 1 && $kept->() }),
+       "the finish met TRYAGAIN past the timeout");
     cmp_ok(errors('TRYAGAIN'), '>=', 1, "the finish met TRYAGAIN");
 }
 topo('cluster-finish-migration');
-my $ok;
-for (1 .. 30) {
-    my $r = http_post($port, $key, 'x', '/slowbig');
-    last if ($ok = idem_status($r) =~ /^200 replay$/);
-    sleep 0.2;
-}
+my $ok = wait_until(60, sub {
+    idem_status(http_post($port, $key, 'x', '/held')) eq '200 replay'
+});
 ok($ok, "the store landed once the slot had moved: a replay");
 is(runs($key), 1, "$key: the upstream ran once");
-ok($native || scalar(grep { /did not acknowledge the record/ }
-                     lines_of("$dir/logs/error.log")),
+ok($native || $kept->(),
    $native ? "...native: stored at once"
            : "...the store was kept and sent again");
 

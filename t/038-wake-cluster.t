@@ -1,9 +1,11 @@
 # Wake-ups on a Redis Cluster (util/topology.sh cluster): the finish
 # script's SPUBLISH goes out on the shard of the key's slot, so each worker
 # subscribes each waited key on the master of its slot.
-# - duplicates waiting on keys of all 3 masters are replayed within 50 ms
-#   of the original's completion (polling: up to 200 ms), the upstream runs
-#   once per key, and each costs at most 2 claims while it waits
+# - duplicates waiting on keys of all 3 masters are replayed soon after
+#   the original's completion (1-2 ms on a quiet machine; within 250 ms is
+#   asserted, room for a busy one: the safety poll is every second), the
+#   upstream runs once per key, and each costs at most 2 claims while it
+#   waits
 # - the key's slot migrated while they wait (Redis pushes a sunsubscribe,
 #   SSUBSCRIBE to the old master gets a MOVED): they are subscribed on the
 #   new master, woken, and nothing runs twice
@@ -12,8 +14,13 @@
 # - a graceful failover of the key's master while they wait
 # - a kill -9 of a master while they wait: polling until the replica is
 #   promoted, then woken through the new master
+# In each of the last four the original's upstream is held by the test
+# (t/lib/Held.pm) until the topology has changed and the waiters were seen
+# subscribed where they should be: however long a migration takes on a
+# busy machine, it happens while they wait.
 # Plain Test::More; cluster on TOPO_BASE+11..+16 (TOPO_BASE defaulting to
-# 25600), nginx on WAKE_CLUSTER_PORT (20520).
+# 25600), nginx on WAKE_CLUSTER_PORT (20520), the held upstream on
+# WAKE_CLUSTER_PORT+1.
 use strict;
 use warnings;
 use Test::More;
@@ -21,6 +28,8 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Fleet;
 use Wake;
+use Held;
+use TopoTest qw(wait_until);
 use Digest::SHA qw(sha256_hex);
 use Time::HiRes qw(time sleep);
 
@@ -31,6 +40,7 @@ my $base = $ENV{TOPO_BASE} || 25600;
 $ENV{TOPO_BASE} = $base;
 $ENV{TOPO_DIR} ||= "/tmp/ngx-idempotency-topo-wake-cluster-$base";
 my $port = $ENV{WAKE_CLUSTER_PORT} || 20520;
+my $held_port = $port + 1;
 my $seed = $base + 11;
 my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 
@@ -62,7 +72,7 @@ sub slot_map {
     return {};
 }
 # CLUSTER KEYSLOT, asked of a live node
-sub keyslot {
+sub server_keyslot {
     my $k = shift;
     for my $p ($base + 11 .. $base + 16) {
         my $slot = cli($p, 'CLUSTER', 'KEYSLOT', $k);
@@ -70,39 +80,72 @@ sub keyslot {
     }
     return -1;
 }
+# the same computed here (CRC16/XMODEM of the hash tag), so that picking
+# hundreds of keys costs no round trips; checked against the server below
+sub keyslot {
+    my $k = shift;
+    $k = $1 if $k =~ /\{([^}]+)\}/;
+    my $crc = 0;
+    for my $c (unpack 'C*', $k) {
+        $crc ^= $c << 8;
+        $crc = ($crc & 0x8000 ? ($crc << 1) ^ 0x1021 : $crc << 1) & 0xffff
+            for 1 .. 8;
+    }
+    return $crc % 16384;
+}
 sub owner {
-    my $k = rkey(shift);
-    return slot_map()->{keyslot($k)};
+    my ($name, $map) = @_;
+    return ($map // slot_map())->{keyslot(rkey($name))};
 }
 sub masters { my %m = reverse %{ slot_map() }; sort keys %m }
 
 my $root = fleet_root('wake-cluster');
+# duplicates wait up to 90 s: longer than any topology change on a busy
+# machine, shorter than the lease (idempotency_lock_ttl 2m)
 my $dir = nginx_conf('wake', wake_server($port, "$root/wake",
-    "127.0.0.1:$seed cluster; idempotency_redis_timeout 3s", <<"EOC"), 2);
+    "127.0.0.1:$seed cluster; idempotency_redis_timeout 3s", <<"EOC", '90s'), 2);
         location = /backend-long {
             access_log $root/wake/logs/backend.log backend;
-            echo_sleep 4;
-            echo "ok \$request_id";
+            proxy_pass http://127.0.0.1:$held_port;
         }
 EOC
 nginx_start($dir);
 $Wake::port = $port;
+my $held = Held->new($held_port);
+
+# hold(sub): in a round's wait, takes the original's held upstream, runs
+# sub, then lets the upstream answer; a test that it was held
+my $answers = 0;
+sub hold {
+    my $during = shift;
+    return sub {
+        my $c = $held->take;
+        ok($c, 'the original is held at its upstream');
+        $during->();
+        $held->answer($c, 'ok held' . ++$answers . "\n") if $c;
+    };
+}
 
 sub runs { upstream_runs($dir)->{"$_[0] $_[1]"} // 0 }
 
 # wait until the workers learnt the map
-for (1 .. 50) {
-    last if http_post($port, "warm-$_", 'x')->{status} == 200;
-    sleep 0.1;
-}
+my $warm = 0;
+wait_until(60 * $slow, sub {
+    http_post($port, 'warm-' . ++$warm, 'x')->{status} == 200
+});
 
 my @m = masters();
 is(scalar @m, 3, '3 masters');
 
+is(join(' ', map { keyslot(rkey("wc-$_")) } 1 .. 5),
+   join(' ', map { server_keyslot(rkey("wc-$_")) } 1 .. 5),
+   'slots computed as the server does');
+
 # keys by master: $by{port} = [names]
 my %by;
-for my $i (1 .. 300) {
-    my $o = owner("wc-$i") // next;
+my $map = slot_map();
+for my $i (1 .. 900) {
+    my $o = owner("wc-$i", $map) // next;
     push @{ $by{$o} }, "wc-$i";
 }
 is(scalar(grep { @{ $by{$_} // [] } >= 4 } @m), 3, 'keys on every master');
@@ -146,8 +189,8 @@ for my $round (1 .. 2) {
 }
 my $after = stats();
 my $max = (sort { $b <=> $a } @lat)[0];
-cmp_ok($max, '<', 0.05 * $slow,
-       'keys on 3 masters: every duplicate answered < 50 ms after the '
+cmp_ok($max, '<', 0.25 * $slow,
+       'keys on 3 masters: every duplicate answered < 250 ms after the '
        . 'original') or diag sprintf '%.1f ms', $max * 1000;
 diag(sprintf 'cluster: completion to replay: p50 %.1f ms, max %.1f ms',
              pct(0.5, @lat), $max * 1000);
@@ -177,7 +220,7 @@ sub numsub {
 # which a loaded machine outlasts; the deadline ends it if they never do
 sub numsub_soon {
     my ($p, $key) = @_;
-    my $deadline = time + 2 * $slow;
+    my $deadline = time + 30 * $slow;
     my $n;
     while (($n = numsub($p, $key)) < 1 && time < $deadline) {
         sleep 0.05;
@@ -192,20 +235,19 @@ sub numsub_soon {
     my $slot = keyslot(rkey($key));
     my ($dst) = grep { $_ != $src } @m;
     my ($on_src, $on_dst, $checked) = (0, 0, 0);
-    my $late = wake_round($key, '-long', sub {
-        sleep 0.2;
-        $on_src = numsub($src, $key);
+    my $late = wake_round($key, '-long', hold(sub {
+        $on_src = numsub_soon($src, $key);
         topo('cluster-migrate-slot', $slot, $dst);
         topo('cluster-finish-migration');
         $on_dst = numsub_soon($dst, $key);
         $checked = time;
-    });
+    }));
     cmp_ok($checked, '<', $done, 'migration: seen while they waited');
     cmp_ok($on_src, '>=', 1, "migration: subscribed on $src before");
     cmp_ok($on_dst, '>=', 1, "migration: subscribed on $dst after (slot "
            . "$slot moved)");
     is(owner($key), $dst, "migration: slot $slot is on $dst");
-    cmp_ok($late, '<', 0.1 * $slow, 'migration: woken, not polled')
+    cmp_ok($late, '<', 0.25 * $slow, 'migration: woken, not polled')
         or diag sprintf '%.1f ms', $late * 1000;
     note sprintf 'after the migration: %.1f ms', $late * 1000;
 }
@@ -220,17 +262,18 @@ sub numsub_soon {
                  [0 .. 299];
     my ($key) = grep { $moving{keyslot(rkey($_))} }
                 map { "wr-$_" } 1 .. 400;
-    my ($on_to, $checked) = (0, 0);
-    my $late = wake_round($key, '-long', sub {
-        sleep 0.1;
+    my ($on_from, $on_to, $checked) = (0, 0, 0);
+    my $late = wake_round($key, '-long', hold(sub {
+        $on_from = numsub_soon($from, $key);
         topo('cluster-reshard', 300, $from, $to);
         $on_to = numsub_soon($to, $key);
         $checked = time;
-    });
+    }));
     cmp_ok($checked, '<', $done, 'reshard: seen while they waited');
     is(owner($key), $to, "reshard: the key's slot moved to $to");
+    cmp_ok($on_from, '>=', 1, "reshard: subscribed on $from before");
     cmp_ok($on_to, '>=', 1, "reshard: subscribed on $to after");
-    cmp_ok($late, '<', 0.1 * $slow, 'reshard: woken, not polled')
+    cmp_ok($late, '<', 0.25 * $slow, 'reshard: woken, not polled')
         or diag sprintf '%.1f ms', $late * 1000;
     note sprintf 'after the reshard: %.1f ms', $late * 1000;
 }
@@ -238,15 +281,16 @@ sub numsub_soon {
 # 4. the subscriber connections killed while they wait
 {
     my @k = map { shift @{ $by{$_} } } @m;
-    my ($killed, $again, $checked) = (0, 0, 0);
-    my ($orig, @d) = round($k[0], '-long', \@at, sub {
-        sleep 0.2;
+    my ($before, $killed, $again, $checked) = (0, 0, 0, 0);
+    my ($orig, @d) = round($k[0], '-long', \@at, hold(sub {
+        $before = numsub_soon(owner($k[0]), $k[0]);
         $killed += cli($_, 'CLIENT', 'KILL', 'TYPE', 'pubsub') for @m;
         $again = numsub_soon(owner($k[0]), $k[0]);
         $checked = time;
-    });
+    }));
     cmp_ok($checked, '<', $orig->{done}, 'CLIENT KILL: seen while they '
            . 'waited');
+    cmp_ok($before, '>=', 1, 'CLIENT KILL: they were subscribed');
     cmp_ok($killed, '>=', 1, "CLIENT KILL: $killed subscribers killed");
     cmp_ok($again, '>=', 1, 'CLIENT KILL: subscribed again');
     is(scalar(grep { "$_->{status} $_->{idem}" eq '200 replay' } @d), $dups,
@@ -254,7 +298,7 @@ sub numsub_soon {
     is(runs($k[0], '/backend-long'), 1, 'CLIENT KILL: the upstream ran once');
     my $late = (sort { $b <=> $a } map { $_->{done} - $orig->{done} } @d)[0];
     note sprintf 'after CLIENT KILL: %.1f ms', $late * 1000;
-    cmp_ok($late, '<', 0.1 * $slow, 'CLIENT KILL: subscribed again, woken')
+    cmp_ok($late, '<', 0.25 * $slow, 'CLIENT KILL: subscribed again, woken')
         or diag sprintf '%.1f ms', $late * 1000;
     wake_round($k[$_]) for 1 .. 2;
 }
@@ -262,10 +306,10 @@ sub numsub_soon {
 # 5. a graceful failover of the key's master while they wait
 {
     my $key = shift @{ $by{$m[2]} };
-    my $late = wake_round($key, '-long', sub {
-        sleep 0.1;
+    my $late = wake_round($key, '-long', hold(sub {
+        numsub_soon($m[2], $key);
         topo('cluster-failover', $m[2]);
-    });
+    }));
     note sprintf 'failover of %s: %.1f ms, the slot now on %s', $m[2],
                  $late * 1000, owner($key) // '?';
     my @k = grep { defined owner($_) } map { "wf-$_" } 1 .. 6;
@@ -278,10 +322,10 @@ sub numsub_soon {
 {
     my $victim = $m[0];
     my $key = shift @{ $by{$victim} };
-    my ($orig, @d) = round($key, '-long', \@at, sub {
-        sleep 0.2;
+    my ($orig, @d) = round($key, '-long', \@at, hold(sub {
+        numsub_soon($victim, $key);
         topo('cluster-kill-master', $victim);
-    });
+    }));
     # waiters whose claim found no master within idempotency_redis_timeout
     # answer 503, as without wake-ups
     note 'kill -9: ' . join ' ', map { "$_->{status} $_->{idem}" } $orig, @d;
@@ -291,14 +335,14 @@ sub numsub_soon {
     my $new = owner($key) // 0;
     isnt($new, $victim, "kill -9: the slot is on $new now");
     # until the workers' maps name the promoted master (keys of its slots)
-    for (1 .. 20) {
-        last if http_post($port, shift @{ $by{$victim} }, 'x')->{status}
-                == 200;
-        sleep 0.1;
-    }
+    # (a key each time: those left of its slots last about 30 s)
+    wait_until(30 * $slow, sub {
+        my $k = shift @{ $by{$victim} } // return 0;
+        http_post($port, $k, 'x')->{status} == 200
+    });
     wake_round(shift @{ $by{$victim} });
     my $late = wake_round(shift @{ $by{$victim} });
-    cmp_ok($late, '<', 0.05 * $slow, "kill -9: woken through $new")
+    cmp_ok($late, '<', 0.25 * $slow, "kill -9: woken through $new")
         or diag sprintf '%.1f ms', $late * 1000;
 }
 

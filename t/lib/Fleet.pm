@@ -4,6 +4,14 @@ package Fleet;
 # instances (master process, several workers) against the test Redis:
 # config, start/stop/reload, raw HTTP clients (blocking and concurrent),
 # and log scanning.
+#
+# What a test starts dies with it, however it ends: its END stops every
+# nginx it started (gracefully, then fast, then a kill of the master's
+# process group); SIGINT, SIGTERM, SIGHUP, SIGALRM and SIGPIPE end it
+# through END unless the test handles them itself; and a watchdog process
+# (guard()) stops them, and runs the cleanups registered with it (a
+# topology's "down"), if the test went without its END: killed with
+# SIGKILL, or its harness gone (then the test gets SIGTERM first).
 
 use strict;
 use warnings;
@@ -12,12 +20,14 @@ use IO::Select;
 use File::Path qw(make_path remove_tree);
 use Cwd qw(abs_path);
 use Time::HiRes qw(sleep time);
+use POSIX ();
 use Exporter 'import';
 
 our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
                  http_post http_burst lines_of log_problems redis_cli
                  redis_cli_at redis_pid have_module settled pay_server
                  upstream_runs);
+our @EXPORT_OK = qw(guard guard_topology);
 
 my $root;
 
@@ -74,7 +84,10 @@ EOC
 
 # instances this test started, stopped at its end even when it dies, so
 # that a failed run leaves no nginx behind on the fixed ports
-my (@started, $owner);
+my (@started, $owner, $signalled);
+
+# the watchdog's pipe and pid, and what it was told (guard() below)
+my ($guard_w, $guard_pid, @guarded);
 
 sub nginx_start {
     my $dir = shift;
@@ -82,14 +95,43 @@ sub nginx_start {
         or die "cannot start nginx in $dir";
     $owner //= $$;
     push @started, $dir;
+    guard("nginx $dir");
+}
+
+# a signal ends the test through its END blocks (Perl's default would skip
+# them and leave every nginx and Redis running), unless the test has a
+# handler of its own; the nginx are then stopped fast.  A fork of the test
+# (a proxy, a backend) dies as it did: its END blocks are the test's.
+my $loader = $$;
+for my $sig (qw(INT TERM HUP ALRM PIPE)) {
+    next if defined $SIG{$sig} && $SIG{$sig} ne 'DEFAULT';
+    $SIG{$sig} = sub {
+        if ($$ != $loader) {
+            $SIG{$sig} = 'DEFAULT';
+            kill $sig, $$;
+            return;
+        }
+        $SIG{PIPE} = 'IGNORE';
+        $signalled = $sig;
+        print STDERR "# SIG$sig: stopping what the test started\n"
+            unless $sig eq 'PIPE';
+        exit 1;
+    };
 }
 
 END {
     if (defined $owner && $$ == $owner) {
         my $rc = $?;
         for my $dir (@started) {
-            nginx_stop($dir) if -e "$dir/logs/nginx.pid";
+            nginx_stop($dir, $signalled) if -e "$dir/logs/nginx.pid";
         }
+        # what the test's own END blocks (run before this one: Fleet is
+        # loaded first) may not have cleaned up: a topology's "down" is
+        # harmless twice
+        for (reverse @guarded) {
+            system('sh', '-c', "$1 >/dev/null 2>&1") if /^run (.*)/;
+        }
+        _guard_say('done');
         $? = $rc;
     }
 }
@@ -99,12 +141,132 @@ sub nginx_signal {
     system(nginx_bin(), '-p', "$dir/", '-c', 'conf/nginx.conf', '-s', $sig);
 }
 
+# nginx_stop(dir[, fast]): a graceful stop (fast: at once), then a fast
+# one if requests still hold it, then SIGKILL of its process group
 sub nginx_stop {
+    my ($dir, $fast) = @_;
+    nginx_signal($dir, $fast ? 'stop' : 'quit');
+    return if _stopped($dir, 20);
+    nginx_signal($dir, 'stop');
+    return if _stopped($dir, 10);
+    _kill_group($dir);
+}
+
+sub _master {
     my $dir = shift;
-    nginx_signal($dir, 'quit');
-    for (1 .. 100) {
-        last unless -e "$dir/logs/nginx.pid";
+    my ($pid) = lines_of("$dir/logs/nginx.pid");
+    return $pid && $pid =~ /^(\d+)$/ ? $1 : undef;
+}
+
+# the pid file gone (nginx removes it as it exits), within secs
+sub _stopped {
+    my ($dir, $secs) = @_;
+    my $deadline = time + $secs;
+    while (time < $deadline) {
+        return 1 unless -e "$dir/logs/nginx.pid";
         sleep 0.1;
+    }
+    return 0;
+}
+
+# a daemon master leads its own process group (setsid): the group is the
+# master and its workers
+sub _kill_group {
+    my $dir = shift;
+    my $pid = _master($dir) or return;
+    kill 'KILL', -$pid;
+    kill 'KILL', $pid;
+    unlink "$dir/logs/nginx.pid";
+}
+
+# guard(line): something to clean up at the test's end, by its END or, if
+# it goes without, by the watchdog: "nginx DIR" (stopped as
+# nginx_stop(DIR, fast) does) or "run COMMAND" (run by sh, from the
+# test's directory)
+sub guard {
+    my $line = shift;
+    $owner //= $$;
+    return unless $$ == $owner;
+    _guard_start() unless $guard_w;
+    push @guarded, $line;
+    _guard_say($line);
+}
+
+# guard_topology(name[, dir]): util/topology.sh down, if the test goes
+# without its END (the topology's ports are on TOPO_BASE)
+sub guard_topology {
+    my ($name, $dir) = @_;
+    $dir //= $ENV{TOPO_DIR} // "/tmp/ngx-idempotency-topo-$name";
+    guard('run TOPO_BASE=' . ($ENV{TOPO_BASE} // 23000)
+          . " util/topology.sh down $name $dir");
+}
+
+sub _guard_say {
+    syswrite($guard_w, "$_[0]\n") if $guard_w;
+}
+
+sub _guard_start {
+    # Perl opens both ends close-on-exec: nginx and the commands the test
+    # runs do not hold the pipe
+    pipe(my $r, my $w) or die "pipe: $!";
+    my ($test, $harness) = ($$, getppid());
+    my $pid = fork // die "fork: $!";
+    if ($pid) {
+        close $r;
+        ($guard_w, $guard_pid) = ($w, $pid);
+        return;
+    }
+    close $w;
+    # its own session: a Ctrl-C or a kill of the test's process group does
+    # not reach it; and nothing of the test's held open by it (the TAP
+    # pipe to prove, listening sockets)
+    POSIX::setsid();
+    $SIG{$_} = 'IGNORE' for qw(INT HUP ALRM PIPE);
+    $SIG{TERM} = 'DEFAULT';
+    open STDIN, '<', '/dev/null';
+    open STDOUT, '>', '/dev/null';
+    open STDERR, '>', '/dev/null';
+    my $keep = fileno $r;
+    $_ == $keep or POSIX::close($_) for 3 .. 1023;
+    _guard_watch($r, $test, $harness);
+    POSIX::_exit(0);
+}
+
+sub _guard_watch {
+    my ($r, $test, $harness) = @_;
+    my (@todo, $buf, $told);
+    my $sel = IO::Select->new($r);
+    $buf = '';
+    while (1) {
+        if ($sel->can_read(0.2)) {
+            # EOF: the test and every fork of it closed the pipe
+            sysread($r, my $b, 4096) or last;
+            $buf .= $b;
+            while ($buf =~ s/^(.*)\n//) {
+                return if $1 eq 'done';
+                push @todo, $1;
+            }
+            next;
+        }
+        # the test is gone, its forks may live on
+        last if getppid() != $test;
+        # its harness is gone (a prove killed by a timeout): end the test,
+        # whose END cleans up
+        if (!$told && $harness > 1 && !kill 0, $harness) {
+            kill 'TERM', $test;
+            $told = 1;
+        }
+    }
+    for (reverse @todo) {
+        my ($what, $arg) = split ' ', $_, 2;
+        if ($what eq 'nginx') {
+            next unless -e "$arg/logs/nginx.pid";
+            my $pid = _master($arg) or next;
+            kill 'TERM', $pid;
+            _kill_group($arg) unless _stopped($arg, 10);
+        } elsif ($what eq 'run') {
+            system('sh', '-c', $arg);
+        }
     }
 }
 

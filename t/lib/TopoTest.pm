@@ -17,6 +17,7 @@ my $script = 'util/topology.sh';
 
 # topo(ARGS...): util/topology.sh ARGS, a passing test, its one line
 sub topo {
+    Fleet::guard_topology(@_[1, 2]) if $_[0] eq 'up';
     my $out = `$script @_ 2>&1`;
     ok($? == 0, "topology.sh @_") or diag $out;
     chomp $out;

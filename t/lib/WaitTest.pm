@@ -12,6 +12,7 @@ use Test::More;
 use IO::Socket::INET;
 use IO::Select;
 use Time::HiRes qw(sleep time);
+use Fleet ();
 use Exporter 'import';
 
 our @EXPORT = qw(topo slow_backend slow_server post_async read_response
@@ -29,7 +30,10 @@ END {
 
 # topo(ARGS...): util/topology.sh ARGS as a test; true if it succeeded
 sub topo {
-    $up = 1 if $_[0] eq 'up';
+    if ($_[0] eq 'up') {
+        $up = 1;
+        Fleet::guard_topology('replica');
+    }
     my $out = `$script @_ 2>&1`;
     my $ok = $? == 0;
     chomp $out;

@@ -17,12 +17,14 @@ our @EXPORT = qw(commandstats round pct wake_server topo topo_up);
 our $port;              # the nginx to send to
 our $path = '/pay';
 
-# wake_server(port, dir, redis, more locations): an http body whose /pay
-# waits (idempotency_wait 5s) and is proxied to /backend plus the X-Mode
-# header's value (headers are not in the fingerprint); /backend answers
-# after 0.3 s; each backend location logs "key uri" to dir/logs/backend.log
+# wake_server(port, dir, redis, more locations[, wait]): an http body
+# whose /pay waits (idempotency_wait 5s, or wait) and is proxied to
+# /backend plus the X-Mode header's value (headers are not in the
+# fingerprint); /backend answers after 0.3 s; each backend location logs
+# "key uri" to dir/logs/backend.log
 sub wake_server {
-    my ($port, $dir, $redis, $more) = @_;
+    my ($port, $dir, $redis, $more, $wait) = @_;
+    $wait //= '5s';
     return <<"EOC";
     log_format backend '\$http_idempotency_key \$uri';
     server {
@@ -30,7 +32,7 @@ sub wake_server {
         idempotency_redis $redis;
         location = /pay {
             idempotency on;
-            idempotency_wait 5s;
+            idempotency_wait $wait;
             add_header X-Idem \$idempotency_status always;
             proxy_pass http://127.0.0.1:$port/backend\$http_x_mode;
         }
@@ -114,6 +116,7 @@ sub pct {
 # topo(args): util/topology.sh ARGS, a test of its exit status; its
 # output ('' on failure)
 sub topo {
+    Fleet::guard_topology(@_[1, 2]) if $_[0] eq 'up';
     my $out = `util/topology.sh @_ 2>&1`;
     my $ok = $? == 0;
     chomp $out;
