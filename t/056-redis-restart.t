@@ -272,7 +272,7 @@ diag "$caps->{kind} $caps->{version}";
     ok(poll(10, sub { ask('PING') =~ /^-BUSY/ }), 'Redis is busy');
 
     ok(poll(10, sub {
-        substr(errlog($dir), $mark) =~ /BUSY Redis is busy/
+        substr(errlog($dir), $mark) =~ /: BUSY \w+ is busy/
     }), 'a worker met BUSY in its handshake');
 
     my $busy_reject = http_post($edge, "busy-$$", 'x', '/reject', '', 10);

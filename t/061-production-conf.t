@@ -51,7 +51,20 @@ subst(qr{upstream payments \{\s*server \K[\d.]+:\d+}, "127.0.0.1:$pay",
       'payments server');
 subst(qr{upstream auth \{\s*server \K[\d.]+:\d+}, "127.0.0.1:$auth",
       'auth server');
-subst(qr{listen 443 }, "listen 127.0.0.1:$edge ", 'listen 443');
+subst(qr{^ *listen \K443 }m, "127.0.0.1:$edge ", 'listen 443');
+# nginx 1.25.1 deprecated "listen ... http2": the conf's comment says what
+# to write there instead, and that is what this nginx gets
+my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+my ($version) = `$bin -v 2>&1` =~ m{nginx/(\d+\.\d+\.\d+)};
+my $h2 = sprintf('%03d%03d%03d', split /\./, $version // '0.0.0')
+         ge '001025001';
+if ($h2) {
+    like($conf,
+         qr/# nginx 1\.25\.1 and later: "listen 443 ssl;" and "http2 on;"/,
+         'the conf says what nginx 1.25.1 and later want for HTTP/2');
+    is($conf =~ s/(listen \S+ ssl) http2;/$1;\n        http2 on;/g, 1,
+       'listen ... http2 becomes listen ... ssl and http2 on');
+}
 subst(qr{listen 9145;}, "listen 127.0.0.1:$metrics;", 'listen 9145');
 subst(qr{listen 127\.0\.0\.1:9146;}, "listen 127.0.0.1:$admin;",
       'listen 9146');
@@ -89,7 +102,6 @@ open my $out, '>', "$dir/conf/nginx.conf" or die $!;
 print $out $conf;
 close $out;
 
-my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
 my $t = `$bin -t -p $dir/ -c conf/nginx.conf 2>&1`;
 like($t, qr/test is successful/, 'nginx -t accepts it') or diag $t;
 unlike($t, qr/\[(warn|emerg|alert|crit)\]/, 'and prints no warning')
@@ -199,6 +211,10 @@ my $r2 = req($url, ['Authorization: Bearer tok-alice-2',
 is($r2->{status}, 201, 'its retry with a refreshed token: 201');
 is(header($r2, 'Idempotent-Replayed'), 'true', 'replayed');
 is($r2->{body}, $r1->{body}, 'the same body, the same payment id');
+my $r3 = req($url, [@alice, "Idempotency-Key: $k-1"], '{"amount":1000}',
+             '--http2');
+like($r3->{head}, qr{^HTTP/2 201}, 'a retry over HTTP/2: 201');
+is(header($r3, 'Idempotent-Replayed'), 'true', 'replayed over HTTP/2');
 is(runs("$k-1", 1), 1, 'the upstream ran it once');
 
 my $bob = req($url, ['Authorization: Bearer tok-bob',
@@ -225,8 +241,8 @@ is($m->{status}, 200, 'metrics answer');
 like(header($m, 'Content-Type'), qr{^text/plain; version=0\.0\.4},
      'in the Prometheus text format');
 like($m->{body},
-     qr/^nginx_idempotency_requests_total\{[^}]*zone="payments"[^}]*status="replay"[^}]*\} 1$/m,
-     'counting the replay in zone "payments"');
+     qr/^nginx_idempotency_requests_total\{[^}]*zone="payments"[^}]*status="replay"[^}]*\} 2$/m,
+     'counting the two replays in zone "payments"');
 
 # the admin on loopback shows the key by its hash, opened with the key
 my $adm = req("http://127.0.0.1:$admin/idempotency/admin?hash="

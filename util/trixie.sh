@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# util/trixie.sh: the whole suite (`make test`) on Debian 13 "trixie", in a
-# debootstrap root kept between runs, once per server: trixie's own
-# redis-server and its valkey-server; then the newest servers Debian has
-# (valkey-newest: Valkey 9 from the testing release, forky; redis-newest:
-# Redis 8.4 or later from experimental), the files their commands matter
-# to.  `make test-trixie` runs it, as root; .ci/run runs it after `make
+# util/trixie.sh: the suite (`make test`) on Debian 13 "trixie", in a
+# debootstrap root kept between runs, once per server: every file with
+# trixie's valkey-server, the files the server's commands matter to with
+# its redis-server and with the newest servers Debian has (valkey-newest:
+# Valkey 9 from the testing release, forky; redis-newest: Redis 8.4 or
+# later from experimental).  `make test-trixie` runs it, as root; .ci/run runs it after `make
 # test` on the CI's Debian 12.
 #
 # 1. The root: debootstrap --variant=minbase trixie ROOT MIRROR, MIRROR
@@ -45,16 +45,23 @@
 #   TRIXIE_ROOT      the root (/var/cache/ngx-idempotency/trixie-root)
 #   TRIXIE_SERVERS   the runs, in order ("redis valkey redis-newest
 #                    valkey-newest")
-#   TRIXIE_NEWEST_FILES  the files the newest servers run (those where the
+#   TRIXIE_WHOLE     the runs that run every file ("valkey"); the others
+#                    run TRIXIE_SERVER_FILES.  One whole suite on trixie
+#                    tests its nginx, hiredis and OpenSSL; the server
+#                    files test each server's commands, and CI's time
+#                    stays under the hour
+#   TRIXIE_SERVER_FILES  the files the other runs run (those where the
 #                    server's commands differ: the store, its native
 #                    compare-and-set and -delete, WAIT and WAITAOF, the
-#                    admin, the topologies' finishes); "all": every file
+#                    admin and its listing, a restart's LOADING and BUSY,
+#                    the topologies' finishes); "all": every file
 #   TRIXIE_OUT       where the logs go (build/trixie): setup.log,
 #                    test-redis.log, test-valkey.log, and tap-SERVER/, the
 #                    TAP of every test file
 #   TRIXIE_TIMEOUT   seconds a run may take before it is killed (1200)
 #   TRIXIE_REBUILD=1 build the root anew even when its stamp matches
-#   TEST_FILES       passed to util/test.sh in the root (default: all)
+#   TEST_FILES       passed to util/test.sh in the root, in every run
+#                    (default: as TRIXIE_WHOLE says)
 #   TRIXIE_TARGET    the make target each run runs (test; test-asan: the
 #                    module under AddressSanitizer)
 #
@@ -94,14 +101,16 @@ if [ "${1:-}" = bench ]; then
 fi
 root=${TRIXIE_ROOT:-/var/cache/ngx-idempotency/trixie-root}
 servers=${TRIXIE_SERVERS:-redis valkey redis-newest valkey-newest}
-newest_files=${TRIXIE_NEWEST_FILES:-t/001-lifecycle.t t/002-store.t \
+whole=${TRIXIE_WHOLE-valkey}
+server_files=${TRIXIE_SERVER_FILES:-t/001-lifecycle.t t/002-store.t \
 t/004-conflict.t t/005-redis.t t/015-redis-conn.t t/017-metrics.t \
 t/020-torture.t \
 t/027-redis-resend.t t/031-redis-cluster.t t/033-redis-wait.t \
 t/034-store.t t/034-store-cluster.t t/035-wake.t t/040-large-reply.t \
 t/043-waitaof.t t/044-at-most-once.t t/045-faults.t t/048-encrypt.t \
 t/048-wait-release.t \
-t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t t/055-release-order.t}
+t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t t/055-release-order.t \
+t/056-redis-restart.t t/062-admin-list.t}
 out=${TRIXIE_OUT:-$top/build/trixie}
 if [ "$mode" = bench ]; then
     run_timeout=${TRIXIE_TIMEOUT:-1800}
@@ -714,9 +723,9 @@ for server in $servers; do
                "redis-newest, valkey-newest)" ;;
     esac
     run_files=${TEST_FILES:-}
-    case $server in
-        *-newest) [ "$newest_files" = all ] || run_files=$newest_files ;;
-    esac
+    # TEST_FILES, when given, is every run's
+    [ -n "$run_files" ] || [[ " $whole " == *" $server "* ]] ||
+        [ "$server_files" = all ] || run_files=$server_files
     log=$out/test-$server.log
     echo "== trixie, $server: make test (log: $log)"
     mkdir -p "$root.run"
