@@ -449,23 +449,6 @@ void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
 ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
-
-/* sentinel.c: the master of a Redis Sentinel setup */
-ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
-    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
-    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
-    ngx_array_t *servers);
-ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_sentinel_handshake(
-    ngx_http_idempotency_node_t *node);
-ngx_int_t ngx_http_idempotency_sentinel_reply(
-    ngx_http_idempotency_node_t *node, redisReply *reply);
-void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis);
-ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
-    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
@@ -478,31 +461,15 @@ u_char *ngx_http_idempotency_decimal(u_char *p, size_t n);
 u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
 
+/* sentinel.c: the master of a Redis Sentinel setup */
+ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
+    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
+    ngx_array_t *servers);
+
 /* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
-ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
-    in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
-ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
-    ngx_msec_t resolver_timeout);
-void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
-    int argc, const char **argv, const size_t *argvlen);
-ngx_int_t ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_op_t *op, redisReply *reply);
-ngx_int_t ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_op_t *op);
-ngx_uint_t ngx_http_idempotency_cluster_closed(
-    ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_cluster_load_script(
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
-ngx_int_t ngx_http_idempotency_cluster_walk(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
-    ngx_http_idempotency_node_t **node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
@@ -510,6 +477,8 @@ void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
     u_char *p, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
+ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
+    in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);

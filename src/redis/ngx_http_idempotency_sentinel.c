@@ -44,6 +44,20 @@ struct ngx_http_idempotency_sentinel_s {
 };
 
 
+static void ngx_http_idempotency_sentinel_tls(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
+    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
+static ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_sentinel_exit(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_int_t ngx_http_idempotency_sentinel_handshake(
+    ngx_http_idempotency_node_t *node);
+static ngx_int_t ngx_http_idempotency_sentinel_reply(
+    ngx_http_idempotency_node_t *node, redisReply *reply);
+static void ngx_http_idempotency_sentinel_closed(
+    ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
@@ -304,7 +318,7 @@ ngx_http_idempotency_sentinel_host(ngx_pool_t *pool, ngx_str_t *addr,
  * and verification.
  */
 
-void
+static void
 ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
 {
 #if (NGX_HTTP_SSL)
@@ -328,7 +342,7 @@ ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
  * master's as a Sentinel named it (an IP address, matched to an IP SAN).
  */
 
-ngx_str_t *
+static ngx_str_t *
 ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
@@ -361,7 +375,7 @@ ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
  * the Sentinels' own target, which connects as any other.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
@@ -414,7 +428,7 @@ ngx_http_idempotency_sentinel_timer(ngx_http_idempotency_sentinel_t *s,
 }
 
 
-void
+static void
 ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
 {
     ngx_http_idempotency_sentinel_t  *s;
@@ -448,7 +462,7 @@ ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
  * that nothing follows.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
 {
     size_t                            argvlen[3];
@@ -523,7 +537,7 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_node_t *node,
  * again, and the command gets the error.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply)
 {
@@ -939,7 +953,7 @@ ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
  * by the next one; a lost master makes the Sentinels be asked again.
  */
 
-void
+static void
 ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node)
 {
     ngx_http_idempotency_sentinel_t  *s;
