@@ -39,7 +39,10 @@ typedef enum {
 } ngx_http_idempotency_status_e;
 
 
-/* request state machine, see docs/design.md */
+/*
+ * request state machine, see docs/design.md; no code sets INIT: it is the
+ * state of a ctx as allocated (zeroed), so that 0 never means a body read
+ */
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_ST_INIT = 0,
     NGX_HTTP_IDEMPOTENCY_ST_READING_BODY,
@@ -59,8 +62,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_GO_ERROR,
-    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN,     /* may have run: on_unknown */
-    NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER    /* take(): sent, not answered */
+    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN      /* may have run: on_unknown */
 } ngx_http_idempotency_go_e;
 
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
@@ -74,8 +76,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE,
-    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN,
-    NGX_HTTP_IDEMPOTENCY_PROBLEM_BODY
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
 } ngx_http_idempotency_problem_e;
 
 

@@ -11,16 +11,7 @@
 
 
 #include "ngx_http_idempotency_http.h"
-
-#if defined(__has_include)
-#if __has_include("ngx_http_idempotency_version.h")
 #include "ngx_http_idempotency_version.h"
-#endif
-#endif
-
-#ifndef NGX_HTTP_IDEMPOTENCY_VERSION
-#define NGX_HTTP_IDEMPOTENCY_VERSION  "0.3.0"
-#endif
 
 
 /* names per configuration (and zone=""); the table holds an old and a new */
