@@ -908,26 +908,22 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     p = (u_char *) reply->str;
     last = p + reply->len;
 
-#define ngx_http_idempotency_is(s)                                            \
-    ((size_t) (last - p) >= sizeof(s) - 1                                     \
-     && ngx_strncmp(p, s, sizeof(s) - 1) == 0)
-
-    if (ngx_http_idempotency_is("MOVED ")) {
+    if (ngx_http_idempotency_reply_is(reply, "MOVED ")) {
         ask = 0;
         p += sizeof("MOVED ") - 1;
 
-    } else if (ngx_http_idempotency_is("ASK ")) {
+    } else if (ngx_http_idempotency_reply_is(reply, "ASK ")) {
         ask = 1;
         p += sizeof("ASK ") - 1;
 
-    } else if (ngx_http_idempotency_is("TRYAGAIN")
-               || ngx_http_idempotency_is("CLUSTERDOWN")
-               || ngx_http_idempotency_is("LOADING")
-               || ngx_http_idempotency_is("MASTERDOWN"))
+    } else if (ngx_http_idempotency_reply_is(reply, "TRYAGAIN")
+               || ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")
+               || ngx_http_idempotency_reply_is(reply, "LOADING")
+               || ngx_http_idempotency_reply_is(reply, "MASTERDOWN"))
     {
         /* a resharding, a failover, a restart: after a backoff */
 
-        if (ngx_http_idempotency_is("CLUSTERDOWN")) {
+        if (ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")) {
             ngx_http_idempotency_cluster_refresh(cl);
         }
 
@@ -941,8 +937,6 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     } else {
         return NGX_DECLINED;
     }
-
-#undef ngx_http_idempotency_is
 
     /* "<slot> <host>:<port>"; the host may be empty, "?", or IPv6 */
 

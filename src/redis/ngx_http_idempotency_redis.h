@@ -28,6 +28,28 @@
 /* from this size a bulk string is read in place (input.c) */
 #define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
 
+
+/*
+ * One argument of a command, a string literal, with its length taken from
+ * the literal rather than counted by hand ("" s refuses anything else).
+ * i is evaluated once, so "n++" may be passed.
+ */
+#define ngx_http_idempotency_arg(argv, argvlen, i, s)                         \
+    do {                                                                      \
+        size_t  ngx_http_idempotency_i = (i);                                 \
+        (argv)[ngx_http_idempotency_i] = "" s;                                \
+        (argvlen)[ngx_http_idempotency_i] = sizeof(s) - 1;                    \
+    } while (0)
+
+/*
+ * An error reply whose text starts with the string literal s ("NOSCRIPT",
+ * "MOVED "): exactly that prefix, as case-sensitive as the server's codes
+ */
+#define ngx_http_idempotency_reply_is(reply, s)                               \
+    ((reply)->type == REDIS_REPLY_ERROR                                       \
+     && (size_t) (reply)->len >= sizeof(s) - 1                                \
+     && ngx_strncmp((reply)->str, "" s, sizeof(s) - 1) == 0)
+
 typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
 typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
 typedef struct ngx_http_idempotency_sentinel_s

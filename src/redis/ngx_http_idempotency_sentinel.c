@@ -472,8 +472,7 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
     s = node->redis->sentinel;
 
     if (node->redis == s->redis) {
-        argv[0] = "ROLE";
-        argvlen[0] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, 0, "ROLE");
 
         (void) ngx_http_idempotency_sentinel_send(node,
                                    ngx_http_idempotency_sentinel_role_done,
@@ -484,10 +483,8 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
     s->answered = 0;
     s->tried = node->addr;
 
-    argv[0] = "SENTINEL";
-    argvlen[0] = 8;
-    argv[1] = "get-master-addr-by-name";
-    argvlen[1] = 23;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SENTINEL");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "get-master-addr-by-name");
     argv[2] = (const char *) s->master.data;
     argvlen[2] = s->master.len;
 
@@ -499,10 +496,8 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
         return NGX_DONE;
     }
 
-    argv[0] = "SUBSCRIBE";
-    argvlen[0] = 9;
-    argv[1] = "+switch-master";
-    argvlen[1] = 14;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SUBSCRIBE");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "+switch-master");
 
     (void) ngx_http_idempotency_sentinel_send(node,
                                ngx_http_idempotency_sentinel_subscribe_done,
@@ -546,10 +541,7 @@ ngx_http_idempotency_sentinel_reply(ngx_http_idempotency_node_t *node,
     s = node->redis->sentinel;
 
     if (node->redis == s->redis) {
-        if (reply->type == REDIS_REPLY_ERROR
-            && reply->len >= 8
-            && ngx_strncmp(reply->str, "READONLY", 8) == 0)
-        {
+        if (ngx_http_idempotency_reply_is(reply, "READONLY")) {
             ngx_http_idempotency_sentinel_ask(s, 1);
         }
 
