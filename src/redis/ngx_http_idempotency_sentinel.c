@@ -349,10 +349,12 @@ ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
     ngx_str_t                        *name;
     ngx_http_idempotency_sentinel_t  *s;
 
+#if (NGX_HTTP_SSL)
     if (node->redis->tls_name.len) {
         /* idempotency_redis_tls_name */
         return NULL;
     }
+#endif
 
     s = node->redis->sentinel;
 
