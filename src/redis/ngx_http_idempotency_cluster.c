@@ -1646,7 +1646,7 @@ static ngx_str_t *
 ngx_http_idempotency_cluster_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     if (node->host.len && node->redis->tls_conf.name.len == 0) {
         *ip = 0;
         return &node->host;

@@ -178,7 +178,7 @@ struct ngx_http_idempotency_node_s {
     ngx_addr_t                      *addrs;      /* last resolved */
     ngx_uint_t                       naddrs;
     ngx_uint_t                       addr;       /* the one to try next */
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_ssl_session_t               *session;
 #endif
 
@@ -251,7 +251,7 @@ struct ngx_http_idempotency_redis_s {
     ngx_uint_t                       conf_line;
 
     ngx_uint_t                       tls;        /* unsigned  tls:1; */
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_ssl_t                       *ssl;
     ngx_str_t                        tls_name;   /* NUL-terminated */
     ngx_flag_t                       tls_verify;
@@ -539,7 +539,7 @@ void ngx_http_idempotency_input_reset(ngx_http_idempotency_node_t *node);
 char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc);
 ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
 

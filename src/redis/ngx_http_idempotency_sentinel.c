@@ -321,7 +321,7 @@ ngx_http_idempotency_sentinel_host(ngx_pool_t *pool, ngx_str_t *addr,
 static void
 ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
 {
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_http_idempotency_redis_t  *sentinels;
 
     sentinels = redis->sentinel->sentinels;
@@ -349,7 +349,7 @@ ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
     ngx_str_t                        *name;
     ngx_http_idempotency_sentinel_t  *s;
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     if (node->redis->tls_name.len) {
         /* idempotency_redis_tls_name */
         return NULL;
