@@ -28,6 +28,8 @@ static void ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_owner_hints(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static ngx_uint_t ngx_http_idempotency_store_status_ok(
+    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status);
 static ngx_int_t ngx_http_idempotency_problem_body(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 
@@ -709,7 +711,7 @@ ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
  * headers and are never stored.
  */
 
-ngx_uint_t
+static ngx_uint_t
 ngx_http_idempotency_store_status_ok(ngx_http_idempotency_loc_conf_t *conf,
     ngx_uint_t status)
 {

@@ -747,7 +747,6 @@ ngx_http_idempotency_take_over(ngx_http_request_t *r,
     }
 
     ctx->op = kop;
-    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
     ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);

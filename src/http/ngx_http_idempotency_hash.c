@@ -14,6 +14,9 @@
 #define NGX_HTTP_IDEMPOTENCY_MD_CACHE  32
 
 
+static void ngx_http_idempotency_new_token(u_char *token);
+
+
 static EVP_MD       *ngx_http_idempotency_sha256;
 static EVP_MD_CTX   *ngx_http_idempotency_md_free;  /* one spare context */
 
@@ -85,7 +88,7 @@ ngx_http_idempotency_hash_done(void)
  * number to meet another worker's; the lease follows (lease.c)
  */
 
-void
+static void
 ngx_http_idempotency_new_token(u_char *token)
 {
     uint64_t    seq;

@@ -39,7 +39,10 @@ typedef enum {
 } ngx_http_idempotency_status_e;
 
 
-/* request state machine, see docs/design.md */
+/*
+ * request state machine, see docs/design.md; no code sets INIT: it is the
+ * state of a ctx as allocated (zeroed), so that 0 never means a body read
+ */
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_ST_INIT = 0,
     NGX_HTTP_IDEMPOTENCY_ST_READING_BODY,
@@ -59,8 +62,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_GO_ERROR,
-    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN,     /* may have run: on_unknown */
-    NGX_HTTP_IDEMPOTENCY_GO_TAKE_OVER    /* take(): sent, not answered */
+    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN      /* may have run: on_unknown */
 } ngx_http_idempotency_go_e;
 
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
@@ -74,8 +76,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH,
     NGX_HTTP_IDEMPOTENCY_PROBLEM_UNAVAILABLE,
-    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN,
-    NGX_HTTP_IDEMPOTENCY_PROBLEM_BODY
+    NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN
 } ngx_http_idempotency_problem_e;
 
 
@@ -287,9 +288,6 @@ void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
      || (status) >= NGX_HTTP_INTERNAL_SERVER_ERROR)
 
 /* reply.c */
-ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
-    ngx_uint_t status);
 ngx_int_t ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t unknown_status, ngx_str_t *detail);
@@ -323,13 +321,10 @@ ngx_int_t ngx_http_idempotency_fingerprint_update(
 ngx_int_t ngx_http_idempotency_fingerprint_finish(
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_fingerprint_free(ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_new_token(u_char *token);
 ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
 /* filter.c */
-ngx_uint_t ngx_http_idempotency_store_status_ok(
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t status);
 u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
     u_char *buf);
 ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
@@ -414,21 +409,8 @@ void ngx_http_idempotency_metrics_claim_sent(
 void ngx_http_idempotency_metrics_claim_done(
     ngx_http_idempotency_key_op_t *kop, redisReply *reply);
 void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
-void ngx_http_idempotency_metrics_store_sent(
-    ngx_http_idempotency_key_op_t *kop, u_char *value);
-void ngx_http_idempotency_metrics_store_failed(void);
-void ngx_http_idempotency_metrics_store_done(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
 void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_fresh_key(void);
-void ngx_http_idempotency_metrics_redis_up(
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_metrics_redis_down(
-    ngx_http_idempotency_redis_t *redis);
-void *ngx_http_idempotency_metrics_master_add(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
-void ngx_http_idempotency_metrics_master_del(void *entry);
-void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
 
 /* wait.c: WAIT or WAITAOF, replicas acknowledge a claim or a store */
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,

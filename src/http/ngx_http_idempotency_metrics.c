@@ -11,16 +11,7 @@
 
 
 #include "ngx_http_idempotency_http.h"
-
-#if defined(__has_include)
-#if __has_include("ngx_http_idempotency_version.h")
 #include "ngx_http_idempotency_version.h"
-#endif
-#endif
-
-#ifndef NGX_HTTP_IDEMPOTENCY_VERSION
-#define NGX_HTTP_IDEMPOTENCY_VERSION  "0.3.0"
-#endif
 
 
 /* names per configuration (and zone=""); the table holds an old and a new */
@@ -143,6 +134,19 @@ static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
 static uint64_t ngx_http_idempotency_metrics_usec(void);
 static u_char *ngx_http_idempotency_metrics_masters(u_char *p, u_char *end,
     ngx_http_idempotency_metrics_shm_t *sh, ngx_str_t *target);
+static void ngx_http_idempotency_metrics_redis_up(
+    ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_metrics_redis_down(
+    ngx_http_idempotency_redis_t *redis);
+static void *ngx_http_idempotency_metrics_master_add(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+static void ngx_http_idempotency_metrics_master_del(void *entry);
+static void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
+static void ngx_http_idempotency_metrics_store_sent(
+    ngx_http_idempotency_key_op_t *kop, u_char *value);
+static void ngx_http_idempotency_metrics_store_done(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
+static void ngx_http_idempotency_metrics_store_failed(void);
 static void ngx_http_idempotency_metrics_claim_refused(
     ngx_http_idempotency_redis_t *redis);
 
@@ -1014,7 +1018,7 @@ ngx_http_idempotency_metrics_attribute(ngx_uint_t zone)
 }
 
 
-void
+static void
 ngx_http_idempotency_metrics_store_sent(
     ngx_http_idempotency_key_op_t *kop, u_char *value)
 {
@@ -1053,7 +1057,7 @@ ngx_http_idempotency_metrics_unknown(ngx_uint_t cause)
 }
 
 
-void
+static void
 ngx_http_idempotency_metrics_store_failed(void)
 {
     ngx_http_idempotency_metrics_store(ngx_http_idempotency_metrics_next_zone,
@@ -1063,7 +1067,7 @@ ngx_http_idempotency_metrics_store_failed(void)
 
 /* the script answers 1 when it acted, 0 when the claim was not ours */
 
-void
+static void
 ngx_http_idempotency_metrics_store_done(
     ngx_http_idempotency_key_op_t *kop, redisReply *reply)
 {
@@ -1120,7 +1124,7 @@ ngx_http_idempotency_metrics_store(ngx_uint_t zone, ngx_uint_t result)
 
 /* when the connection is ready for commands */
 
-void
+static void
 ngx_http_idempotency_metrics_redis_up(ngx_http_idempotency_redis_t *redis)
 {
     u_char                               *seen;
@@ -1169,7 +1173,7 @@ ngx_http_idempotency_metrics_claim_refused(ngx_http_idempotency_redis_t *redis)
  * address is as reachable as before, and the next workers say so.
  */
 
-void
+static void
 ngx_http_idempotency_metrics_redis_down(ngx_http_idempotency_redis_t *redis)
 {
     u_char                               *seen;
@@ -1220,7 +1224,7 @@ ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
  * map names it.  A crashed worker's entries stay until the next restart.
  */
 
-void *
+static void *
 ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *name)
 {
@@ -1279,7 +1283,7 @@ ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
 }
 
 
-void
+static void
 ngx_http_idempotency_metrics_master_del(void *entry)
 {
     ngx_http_idempotency_metrics_conf_t    *mcf;
@@ -1300,7 +1304,7 @@ ngx_http_idempotency_metrics_master_del(void *entry)
 }
 
 
-void
+static void
 ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up)
 {
     ngx_http_idempotency_metrics_master_t  *m = entry;

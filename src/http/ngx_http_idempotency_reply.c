@@ -77,17 +77,10 @@ static ngx_str_t  ngx_http_idempotency_problem_type =
     ngx_string("application/problem+json");
 
 
-ngx_int_t
-ngx_http_idempotency_send_problem(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
-    ngx_uint_t unknown_status)
-{
-    return ngx_http_idempotency_send_problem_detail(r, conf, problem,
-                                                    unknown_status, NULL);
-}
-
-
-/* the same, with a detail of this request's own (NULL: the table's) */
+/*
+ * A problem of the module's table, with a detail of this request's own
+ * (NULL: the table's).
+ */
 
 ngx_int_t
 ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,

@@ -69,6 +69,29 @@ struct ngx_http_idempotency_cluster_s {
 };
 
 
+static ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout);
+static ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_cluster_exit(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_int_t ngx_http_idempotency_cluster_command(
+    ngx_http_idempotency_op_t *op, int argc, const char **argv,
+    const size_t *argvlen);
+static void ngx_http_idempotency_cluster_load_script(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_int_t ngx_http_idempotency_cluster_walk(
+    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
+    ngx_http_idempotency_node_t **node);
+static void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
+static ngx_int_t ngx_http_idempotency_cluster_reply(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+static ngx_int_t ngx_http_idempotency_cluster_lost(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
+static ngx_uint_t ngx_http_idempotency_cluster_closed(
+    ngx_http_idempotency_node_t *node);
 static ngx_str_t *ngx_http_idempotency_cluster_tls_name(
     ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 static ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node(
@@ -211,7 +234,7 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
  * host names; without one, the names are resolved now, once.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout)
@@ -247,7 +270,7 @@ ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
 }
 
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
@@ -319,7 +342,7 @@ ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
 }
 
 
-void
+static void
 ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis)
 {
     ngx_uint_t                       i;
@@ -672,7 +695,7 @@ ngx_http_idempotency_cluster_send(ngx_http_idempotency_node_t *node,
  * now waits for the map or its node, within its deadline.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen)
 {
@@ -849,7 +872,7 @@ ngx_http_idempotency_cluster_retry_handler(ngx_event_t *ev)
  * waiting); else its handler gets the reply.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, redisReply *reply)
 {
@@ -885,26 +908,22 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     p = (u_char *) reply->str;
     last = p + reply->len;
 
-#define ngx_http_idempotency_is(s)                                            \
-    ((size_t) (last - p) >= sizeof(s) - 1                                     \
-     && ngx_strncmp(p, s, sizeof(s) - 1) == 0)
-
-    if (ngx_http_idempotency_is("MOVED ")) {
+    if (ngx_http_idempotency_reply_is(reply, "MOVED ")) {
         ask = 0;
         p += sizeof("MOVED ") - 1;
 
-    } else if (ngx_http_idempotency_is("ASK ")) {
+    } else if (ngx_http_idempotency_reply_is(reply, "ASK ")) {
         ask = 1;
         p += sizeof("ASK ") - 1;
 
-    } else if (ngx_http_idempotency_is("TRYAGAIN")
-               || ngx_http_idempotency_is("CLUSTERDOWN")
-               || ngx_http_idempotency_is("LOADING")
-               || ngx_http_idempotency_is("MASTERDOWN"))
+    } else if (ngx_http_idempotency_reply_is(reply, "TRYAGAIN")
+               || ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")
+               || ngx_http_idempotency_reply_is(reply, "LOADING")
+               || ngx_http_idempotency_reply_is(reply, "MASTERDOWN"))
     {
         /* a resharding, a failover, a restart: after a backoff */
 
-        if (ngx_http_idempotency_is("CLUSTERDOWN")) {
+        if (ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")) {
             ngx_http_idempotency_cluster_refresh(cl);
         }
 
@@ -918,8 +937,6 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
     } else {
         return NGX_DECLINED;
     }
-
-#undef ngx_http_idempotency_is
 
     /* "<slot> <host>:<port>"; the host may be empty, "?", or IPv6 */
 
@@ -1056,7 +1073,7 @@ ngx_http_idempotency_cluster_asked(ngx_http_idempotency_op_t *op,
  * is already there).  NGX_OK: taken.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op)
 {
@@ -1084,7 +1101,7 @@ ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
 
 /* a node's connection closed: is it to be opened again? */
 
-ngx_uint_t
+static ngx_uint_t
 ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
 {
     ngx_http_idempotency_cnode_t  *cn;
@@ -1107,7 +1124,7 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
 
 /* a node's handshake is done */
 
-void
+static void
 ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
 {
     ngx_http_idempotency_cnode_t  *cn;
@@ -1161,7 +1178,7 @@ ngx_http_idempotency_cluster_metric(ngx_http_idempotency_cnode_t *cn)
 }
 
 
-void
+static void
 ngx_http_idempotency_cluster_load_script(ngx_http_idempotency_redis_t *redis)
 {
     ngx_uint_t                       i;
@@ -1513,7 +1530,7 @@ ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
  * goes on from the same SCAN cursor.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_cluster_walk(ngx_http_idempotency_redis_t *redis,
     ngx_uint_t *at, ngx_http_idempotency_node_t **node)
 {
@@ -1629,7 +1646,7 @@ static ngx_str_t *
 ngx_http_idempotency_cluster_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     if (node->host.len && node->redis->tls_conf.name.len == 0) {
         *ip = 0;
         return &node->host;

@@ -414,7 +414,7 @@ ngx_http_idempotency_conn_connected(ngx_http_idempotency_node_t *node)
         (void) ngx_tcp_nodelay(node->conn);
     }
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     if (node->redis->ssl) {
         ngx_http_idempotency_tls_start(node);
         return;
@@ -817,7 +817,7 @@ ngx_http_idempotency_conn_close(ngx_http_idempotency_node_t *node)
     if (c) {
         node->conn = NULL;
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
         if (c->ssl) {
             /* no close_notify round trip: the replies no longer matter */
             c->ssl->no_wait_shutdown = 1;
@@ -882,7 +882,7 @@ ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node)
     node->out_last = NULL;
     node->out_end = NULL;
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     if (node->session) {
         ngx_ssl_free_session(node->session);
         node->session = NULL;

@@ -305,8 +305,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 
     if (redis->password.len) {
         argc = 0;
-        argv[argc] = "AUTH";
-        argvlen[argc++] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, argc++, "AUTH");
 
         if (redis->user.len) {
             argv[argc] = (const char *) redis->user.data;
@@ -331,8 +330,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
     }
 
     if (redis->db) {
-        argv[0] = "SELECT";
-        argvlen[0] = 6;
+        ngx_http_idempotency_arg(argv, argvlen, 0, "SELECT");
         argv[1] = (const char *) db;
         argvlen[1] = ngx_sprintf(db, "%ui", redis->db) - db;
 
@@ -350,10 +348,8 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         }
     }
 
-    argv[0] = "CLIENT";
-    argvlen[0] = 6;
-    argv[1] = "SETNAME";
-    argvlen[1] = 7;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "CLIENT");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "SETNAME");
     argv[2] = (const char *) name;
     argvlen[2] = ngx_sprintf(name, "nginx-idempotency-%P", ngx_pid) - name;
 
@@ -399,10 +395,8 @@ ngx_http_idempotency_node_info(ngx_http_idempotency_node_t *node)
     const char                 *argv[2];
     ngx_http_idempotency_op_t  *op;
 
-    argv[0] = "INFO";
-    argvlen[0] = 4;
-    argv[1] = "server";
-    argvlen[1] = 6;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "INFO");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "server");
 
     op = ngx_http_idempotency_op_alloc(node->redis);
     if (op == NULL) {
@@ -592,10 +586,8 @@ ngx_http_idempotency_node_load_script(ngx_http_idempotency_node_t *node)
     const char                 *argv[3];
     ngx_http_idempotency_op_t  *op;
 
-    argv[0] = "SCRIPT";
-    argvlen[0] = 6;
-    argv[1] = "LOAD";
-    argvlen[1] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SCRIPT");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "LOAD");
 
     for (i = 0; i < ngx_http_idempotency_redis_nscripts; i++) {
         script = &ngx_http_idempotency_redis_scripts[i];
@@ -888,7 +880,7 @@ ngx_http_idempotency_redis_forbidden(redisReply *reply)
     p = reply->str;
     len = reply->len;
 
-    return (len >= 6 && ngx_strncmp(p, "NOPERM", 6) == 0)
+    return ngx_http_idempotency_reply_is(reply, "NOPERM")
            || (len >= 12 && ngx_strncasecmp((u_char *) p,
                                             (u_char *) "ERR unknown ", 12)
                             == 0);
@@ -1389,8 +1381,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     /* a script not known there (SCRIPT FLUSH, a failover): by EVAL */
 
     if (op->script && !node->handshake_failed
-        && reply->type == REDIS_REPLY_ERROR && reply->len >= 8
-        && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0
+        && ngx_http_idempotency_reply_is(reply, "NOSCRIPT")
         && ngx_http_idempotency_node_noscript(node, op) == NGX_OK)
     {
         freeReplyObject(reply);

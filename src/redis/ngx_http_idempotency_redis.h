@@ -28,6 +28,28 @@
 /* from this size a bulk string is read in place (input.c) */
 #define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
 
+
+/*
+ * One argument of a command, a string literal, with its length taken from
+ * the literal rather than counted by hand ("" s refuses anything else).
+ * i is evaluated once, so "n++" may be passed.
+ */
+#define ngx_http_idempotency_arg(argv, argvlen, i, s)                         \
+    do {                                                                      \
+        size_t  ngx_http_idempotency_i = (i);                                 \
+        (argv)[ngx_http_idempotency_i] = "" s;                                \
+        (argvlen)[ngx_http_idempotency_i] = sizeof(s) - 1;                    \
+    } while (0)
+
+/*
+ * An error reply whose text starts with the string literal s ("NOSCRIPT",
+ * "MOVED "): exactly that prefix, as case-sensitive as the server's codes
+ */
+#define ngx_http_idempotency_reply_is(reply, s)                               \
+    ((reply)->type == REDIS_REPLY_ERROR                                       \
+     && (size_t) (reply)->len >= sizeof(s) - 1                                \
+     && ngx_strncmp((reply)->str, "" s, sizeof(s) - 1) == 0)
+
 typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
 typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
 typedef struct ngx_http_idempotency_sentinel_s
@@ -156,7 +178,7 @@ struct ngx_http_idempotency_node_s {
     ngx_addr_t                      *addrs;      /* last resolved */
     ngx_uint_t                       naddrs;
     ngx_uint_t                       addr;       /* the one to try next */
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_ssl_session_t               *session;
 #endif
 
@@ -229,7 +251,7 @@ struct ngx_http_idempotency_redis_s {
     ngx_uint_t                       conf_line;
 
     ngx_uint_t                       tls;        /* unsigned  tls:1; */
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_ssl_t                       *ssl;
     ngx_str_t                        tls_name;   /* NUL-terminated */
     ngx_flag_t                       tls_verify;
@@ -449,23 +471,6 @@ void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
 ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
-
-/* sentinel.c: the master of a Redis Sentinel setup */
-ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
-    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
-    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
-    ngx_array_t *servers);
-ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_sentinel_handshake(
-    ngx_http_idempotency_node_t *node);
-ngx_int_t ngx_http_idempotency_sentinel_reply(
-    ngx_http_idempotency_node_t *node, redisReply *reply);
-void ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis);
-ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
-    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
@@ -478,31 +483,15 @@ u_char *ngx_http_idempotency_decimal(u_char *p, size_t n);
 u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
 
+/* sentinel.c: the master of a Redis Sentinel setup */
+ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
+    ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
+    ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
+    ngx_array_t *servers);
+
 /* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
-ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
-    in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
-ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
-    ngx_msec_t resolver_timeout);
-void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
-    int argc, const char **argv, const size_t *argvlen);
-ngx_int_t ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_op_t *op, redisReply *reply);
-ngx_int_t ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_op_t *op);
-ngx_uint_t ngx_http_idempotency_cluster_closed(
-    ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_cluster_load_script(
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
-ngx_int_t ngx_http_idempotency_cluster_walk(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
-    ngx_http_idempotency_node_t **node);
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
 ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
@@ -510,6 +499,8 @@ void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
     u_char *p, size_t len);
 
 /* conn.c: one connection, its bytes and its replies */
+ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
+    in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
@@ -548,7 +539,7 @@ void ngx_http_idempotency_input_reset(ngx_http_idempotency_node_t *node);
 char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc);
 ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);
 #endif
 

@@ -44,6 +44,20 @@ struct ngx_http_idempotency_sentinel_s {
 };
 
 
+static void ngx_http_idempotency_sentinel_tls(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
+    ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
+static ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_sentinel_exit(
+    ngx_http_idempotency_redis_t *redis);
+static ngx_int_t ngx_http_idempotency_sentinel_handshake(
+    ngx_http_idempotency_node_t *node);
+static ngx_int_t ngx_http_idempotency_sentinel_reply(
+    ngx_http_idempotency_node_t *node, redisReply *reply);
+static void ngx_http_idempotency_sentinel_closed(
+    ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
@@ -304,10 +318,10 @@ ngx_http_idempotency_sentinel_host(ngx_pool_t *pool, ngx_str_t *addr,
  * and verification.
  */
 
-void
+static void
 ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
 {
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_http_idempotency_redis_t  *sentinels;
 
     sentinels = redis->sentinel->sentinels;
@@ -328,17 +342,19 @@ ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
  * master's as a Sentinel named it (an IP address, matched to an IP SAN).
  */
 
-ngx_str_t *
+static ngx_str_t *
 ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
     ngx_str_t                        *name;
     ngx_http_idempotency_sentinel_t  *s;
 
+#if (NGX_SSL)
     if (node->redis->tls_name.len) {
         /* idempotency_redis_tls_name */
         return NULL;
     }
+#endif
 
     s = node->redis->sentinel;
 
@@ -361,7 +377,7 @@ ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
  * the Sentinels' own target, which connects as any other.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis)
 {
@@ -414,7 +430,7 @@ ngx_http_idempotency_sentinel_timer(ngx_http_idempotency_sentinel_t *s,
 }
 
 
-void
+static void
 ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
 {
     ngx_http_idempotency_sentinel_t  *s;
@@ -448,7 +464,7 @@ ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
  * that nothing follows.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
 {
     size_t                            argvlen[3];
@@ -458,8 +474,7 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
     s = node->redis->sentinel;
 
     if (node->redis == s->redis) {
-        argv[0] = "ROLE";
-        argvlen[0] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, 0, "ROLE");
 
         (void) ngx_http_idempotency_sentinel_send(node,
                                    ngx_http_idempotency_sentinel_role_done,
@@ -470,10 +485,8 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
     s->answered = 0;
     s->tried = node->addr;
 
-    argv[0] = "SENTINEL";
-    argvlen[0] = 8;
-    argv[1] = "get-master-addr-by-name";
-    argvlen[1] = 23;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SENTINEL");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "get-master-addr-by-name");
     argv[2] = (const char *) s->master.data;
     argvlen[2] = s->master.len;
 
@@ -485,10 +498,8 @@ ngx_http_idempotency_sentinel_handshake(ngx_http_idempotency_node_t *node)
         return NGX_DONE;
     }
 
-    argv[0] = "SUBSCRIBE";
-    argvlen[0] = 9;
-    argv[1] = "+switch-master";
-    argvlen[1] = 14;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SUBSCRIBE");
+    ngx_http_idempotency_arg(argv, argvlen, 1, "+switch-master");
 
     (void) ngx_http_idempotency_sentinel_send(node,
                                ngx_http_idempotency_sentinel_subscribe_done,
@@ -523,7 +534,7 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_node_t *node,
  * again, and the command gets the error.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_idempotency_sentinel_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply)
 {
@@ -532,10 +543,7 @@ ngx_http_idempotency_sentinel_reply(ngx_http_idempotency_node_t *node,
     s = node->redis->sentinel;
 
     if (node->redis == s->redis) {
-        if (reply->type == REDIS_REPLY_ERROR
-            && reply->len >= 8
-            && ngx_strncmp(reply->str, "READONLY", 8) == 0)
-        {
+        if (ngx_http_idempotency_reply_is(reply, "READONLY")) {
             ngx_http_idempotency_sentinel_ask(s, 1);
         }
 
@@ -939,7 +947,7 @@ ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
  * by the next one; a lost master makes the Sentinels be asked again.
  */
 
-void
+static void
 ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node)
 {
     ngx_http_idempotency_sentinel_t  *s;

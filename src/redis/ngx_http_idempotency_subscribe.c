@@ -70,8 +70,6 @@ static void ngx_http_idempotency_subscriber_exit(
     ngx_http_idempotency_redis_t *redis);
 static ngx_uint_t ngx_http_idempotency_subscriber_is(redisReply *r,
     const char *s);
-static ngx_uint_t ngx_http_idempotency_subscriber_is_prefix(u_char *p,
-    u_char *last, const char *s);
 
 
 /*
@@ -851,8 +849,8 @@ ngx_http_idempotency_subscriber_cluster_error(
     p = (u_char *) reply->str;
     last = p + reply->len;
 
-    if (ngx_http_idempotency_subscriber_is_prefix(p, last, "MOVED ")
-        || ngx_http_idempotency_subscriber_is_prefix(p, last, "ASK "))
+    if (ngx_http_idempotency_reply_is(reply, "MOVED ")
+        || ngx_http_idempotency_reply_is(reply, "ASK "))
     {
         p = ngx_strlchr(p, last, ' ') + 1;
         last = ngx_strlchr(p, last, ' ');
@@ -872,10 +870,10 @@ ngx_http_idempotency_subscriber_cluster_error(
         return 1;
     }
 
-    if (ngx_http_idempotency_subscriber_is_prefix(p, last, "TRYAGAIN")
-        || ngx_http_idempotency_subscriber_is_prefix(p, last, "CLUSTERDOWN")
-        || ngx_http_idempotency_subscriber_is_prefix(p, last, "LOADING")
-        || ngx_http_idempotency_subscriber_is_prefix(p, last, "MASTERDOWN"))
+    if (ngx_http_idempotency_reply_is(reply, "TRYAGAIN")
+        || ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")
+        || ngx_http_idempotency_reply_is(reply, "LOADING")
+        || ngx_http_idempotency_reply_is(reply, "MASTERDOWN"))
     {
         ngx_http_idempotency_cluster_moved(node, NULL, 0);
         ngx_http_idempotency_subscriber_reset(n, node, -2);
@@ -883,18 +881,6 @@ ngx_http_idempotency_subscriber_cluster_error(
     }
 
     return 0;
-}
-
-
-static ngx_uint_t
-ngx_http_idempotency_subscriber_is_prefix(u_char *p, u_char *last,
-    const char *s)
-{
-    size_t  len;
-
-    len = ngx_strlen(s);
-
-    return (size_t) (last - p) >= len && ngx_strncmp(p, s, len) == 0;
 }
 
 

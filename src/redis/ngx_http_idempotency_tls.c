@@ -12,7 +12,7 @@
 #include "ngx_http_idempotency_redis.h"
 
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
 
 static ngx_int_t ngx_http_idempotency_tls_same(
     ngx_http_idempotency_tls_conf_t *a, ngx_http_idempotency_tls_conf_t *b);
@@ -56,7 +56,7 @@ char *
 ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc)
 {
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
     ngx_str_t                     *name, host;
     ngx_ssl_t                     *ssl;
     ngx_pool_cleanup_t            *cln;
@@ -184,7 +184,7 @@ ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
 }
 
 
-#if (NGX_HTTP_SSL)
+#if (NGX_SSL)
 
 static ngx_int_t
 ngx_http_idempotency_tls_same(ngx_http_idempotency_tls_conf_t *a,

@@ -59,20 +59,17 @@ ngx_http_idempotency_claim_command(ngx_http_idempotency_key_op_t *kop,
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
 
     if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA) {
-        argv[0] = "EVALSHA";
-        argvlen[0] = 7;
+        ngx_http_idempotency_arg(argv, argvlen, 0, "EVALSHA");
         argv[1] = (const char *) ngx_http_idempotency_claim_sha;
         argvlen[1] = 40;
 
     } else {
-        argv[0] = "EVAL";
-        argvlen[0] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
         argv[1] = (const char *) ngx_http_idempotency_claim_script.data;
         argvlen[1] = ngx_http_idempotency_claim_script.len;
     }
 
-    argv[2] = "1";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
     argv[5] = (const char *) px;
     argvlen[5] = ngx_http_idempotency_decimal(px, ttl) - px;
 
@@ -93,18 +90,14 @@ ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
     size_t       argvlen[7];
     const char  *argv[7];
 
-    argv[0] = "SET";
-    argvlen[0] = 3;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SET");
     argv[1] = (const char *) key->data;
     argvlen[1] = key->len;
     argv[2] = (const char *) value;
     argvlen[2] = len;
-    argv[3] = "NX";
-    argvlen[3] = 2;
-    argv[4] = "GET";
-    argvlen[4] = 3;
-    argv[5] = "PX";
-    argvlen[5] = 2;
+    ngx_http_idempotency_arg(argv, argvlen, 3, "NX");
+    ngx_http_idempotency_arg(argv, argvlen, 4, "GET");
+    ngx_http_idempotency_arg(argv, argvlen, 5, "PX");
     argv[6] = (const char *) px;
     argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
 
@@ -136,7 +129,7 @@ ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
         /* "ERR syntax error": not LOADING, BUSY or another passing state */
 
         if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
-            && reply->len > 4 && ngx_strncmp(reply->str, "ERR ", 4) == 0
+            && ngx_http_idempotency_reply_is(reply, "ERR ")
             && ngx_strlcasestrn((u_char *) reply->str,
                                 (u_char *) reply->str + reply->len,
                                 (u_char *) "syntax", 6 - 1)
@@ -159,8 +152,7 @@ ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
         }
 
         if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA
-            && reply->len >= 8
-            && ngx_strncmp(reply->str, "NOSCRIPT", 8) == 0)
+            && ngx_http_idempotency_reply_is(reply, "NOSCRIPT"))
         {
             /* SCRIPT FLUSH or a failover: send the script itself */
             ngx_http_idempotency_redis_load_script(redis);
@@ -254,20 +246,17 @@ ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
     if (ngx_http_idempotency_native_cas(op->redis)) {
         ngx_http_idempotency_cas_args(argv, argvlen, rkey, value,
                                       NGX_HTTP_IDEMPOTENCY_HEAD_LEN, seen);
-        argv[5] = "PX";
-        argvlen[5] = 2;
+        ngx_http_idempotency_arg(argv, argvlen, 5, "PX");
         argv[6] = (const char *) px;
         argvlen[6] = ngx_http_idempotency_decimal(px, ttl) - px;
 
         return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
     }
 
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
     argv[1] = (const char *) ngx_http_idempotency_take_script.data;
     argvlen[1] = ngx_http_idempotency_take_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
     argv[4] = (const char *) seen;
@@ -334,20 +323,16 @@ ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
     if (ngx_http_idempotency_native_cas(op->redis)) {
         ngx_http_idempotency_cas_args(argv, argvlen, rkey, claim,
                                       NGX_HTTP_IDEMPOTENCY_HEAD_LEN, claim);
-        argv[5] = "KEEPTTL";
-        argvlen[5] = 7;
-        argv[6] = "GET";
-        argvlen[6] = 3;
+        ngx_http_idempotency_arg(argv, argvlen, 5, "KEEPTTL");
+        ngx_http_idempotency_arg(argv, argvlen, 6, "GET");
 
         return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
     }
 
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
     argv[1] = (const char *) ngx_http_idempotency_touch_script.data;
     argvlen[1] = ngx_http_idempotency_touch_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
     argv[4] = (const char *) claim;
@@ -390,14 +375,12 @@ void
 ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_str_t *rkey, u_char *value, size_t len, u_char *expected)
 {
-    argv[0] = "SET";
-    argvlen[0] = 3;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SET");
     argv[1] = (const char *) rkey->data;
     argvlen[1] = rkey->len;
     argv[2] = (const char *) value;
     argvlen[2] = len;
-    argv[3] = "IFEQ";
-    argvlen[3] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 3, "IFEQ");
     argv[4] = (const char *) expected;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
 }
@@ -419,20 +402,17 @@ ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
     n = 0;
 
     if (redis->valkey) {
-        argv[n] = "DELIFEQ";
-        argvlen[n++] = 7;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "DELIFEQ");
 
     } else {
-        argv[n] = "DELEX";
-        argvlen[n++] = 5;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "DELEX");
     }
 
     argv[n] = (const char *) rkey->data;
     argvlen[n++] = rkey->len;
 
     if (!redis->valkey) {
-        argv[n] = "IFEQ";
-        argvlen[n++] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "IFEQ");
     }
 
     argv[n] = (const char *) expected;

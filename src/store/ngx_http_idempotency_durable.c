@@ -32,14 +32,11 @@ ngx_http_idempotency_durable_command(ngx_http_idempotency_key_op_t *kop,
     n = 0;
 
     if (kop->aof) {
-        argv[n] = "WAITAOF";
-        argvlen[n++] = 7;
-        argv[n] = "1";
-        argvlen[n++] = 1;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "WAITAOF");
+        ngx_http_idempotency_arg(argv, argvlen, n++, "1");
 
     } else {
-        argv[n] = "WAIT";
-        argvlen[n++] = 4;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "WAIT");
     }
 
     argv[n] = (const char *) replicas;

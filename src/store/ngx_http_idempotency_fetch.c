@@ -42,8 +42,13 @@ ngx_http_idempotency_fetch_command(ngx_http_idempotency_op_t *op,
     size_t       argvlen[2];
     const char  *argv[2];
 
-    argv[0] = ttl ? "PTTL" : "GET";
-    argvlen[0] = ttl ? 4 : 3;
+    if (ttl) {
+        ngx_http_idempotency_arg(argv, argvlen, 0, "PTTL");
+
+    } else {
+        ngx_http_idempotency_arg(argv, argvlen, 0, "GET");
+    }
+
     argv[1] = (const char *) rkey->data;
     argvlen[1] = rkey->len;
 
@@ -58,16 +63,19 @@ ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
     size_t       argvlen[5];
     const char  *argv[5];
 
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
     argv[1] = (const char *) ngx_http_idempotency_purge_script.data;
     argvlen[1] = ngx_http_idempotency_purge_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
-    argv[4] = force ? "1" : "0";
-    argvlen[4] = 1;
+
+    if (force) {
+        ngx_http_idempotency_arg(argv, argvlen, 4, "1");
+
+    } else {
+        ngx_http_idempotency_arg(argv, argvlen, 4, "0");
+    }
 
     return ngx_http_idempotency_redis_command(op, 5, argv, argvlen);
 }
@@ -120,12 +128,9 @@ ngx_http_idempotency_purge_native_command(ngx_http_idempotency_op_t *op,
 
     ngx_http_idempotency_cas_args(argv, argvlen, rkey, value, len, value);
     argvlen[4] = len;       /* compared with the whole record */
-    argv[5] = "GET";
-    argvlen[5] = 3;
-    argv[6] = "PX";
-    argvlen[6] = 2;
-    argv[7] = "1";
-    argvlen[7] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 5, "GET");
+    ngx_http_idempotency_arg(argv, argvlen, 6, "PX");
+    ngx_http_idempotency_arg(argv, argvlen, 7, "1");
 
     return ngx_http_idempotency_redis_command(op, 8, argv, argvlen);
 }

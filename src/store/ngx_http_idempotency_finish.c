@@ -117,12 +117,17 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     }
 
     n = 0;
-    argv[n] = "EVALSHA";
-    argvlen[n++] = 7;
+    ngx_http_idempotency_arg(argv, argvlen, n++, "EVALSHA");
     argv[n] = (const char *) ngx_http_idempotency_finish_sha;
     argvlen[n++] = 40;
-    argv[n] = skey.len ? "2" : "1";
-    argvlen[n++] = 1;
+
+    if (skey.len) {
+        ngx_http_idempotency_arg(argv, argvlen, n++, "2");
+
+    } else {
+        ngx_http_idempotency_arg(argv, argvlen, n++, "1");
+    }
+
     argv[n] = (const char *) f->rkey.data;
     argvlen[n++] = f->rkey.len;
 
@@ -141,8 +146,7 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
     argvlen[n++] = ngx_http_idempotency_decimal(ttl_buf, f->ttl) - ttl_buf;
 
     if (redis->quiet) {
-        argv[n] = "0";
-        argvlen[n++] = 1;
+        ngx_http_idempotency_arg(argv, argvlen, n++, "0");
     }
 
     op = ngx_http_idempotency_finish_op(redis, f,
@@ -250,14 +254,12 @@ ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
                      NGX_HTTP_IDEMPOTENCY_TOKEN_LEN);
     skey->len = p - skey->data;
 
-    argv[0] = "SET";
-    argvlen[0] = 3;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SET");
     argv[1] = (const char *) skey->data;
     argvlen[1] = skey->len;
     argv[2] = (const char *) f->value;
     argvlen[2] = f->len;
-    argv[3] = "PX";
-    argvlen[3] = 2;
+    ngx_http_idempotency_arg(argv, argvlen, 3, "PX");
     argv[4] = (const char *) ttl;
     argvlen[4] = ngx_http_idempotency_decimal(ttl,
                                       ngx_max(NGX_HTTP_IDEMPOTENCY_STAGE_TTL,
@@ -488,10 +490,8 @@ ngx_http_idempotency_native_args(const char **argv, size_t *argvlen,
                                   value ? value : claim,
                                   value ? len : NGX_HTTP_IDEMPOTENCY_HEAD_LEN,
                                   claim);
-    argv[5] = "GET";
-    argvlen[5] = 3;
-    argv[6] = "PX";
-    argvlen[6] = 2;
+    ngx_http_idempotency_arg(argv, argvlen, 5, "GET");
+    ngx_http_idempotency_arg(argv, argvlen, 6, "PX");
     argv[7] = (const char *) px;
     argvlen[7] = ngx_http_idempotency_decimal(px, value ? ttl : 1) - px;
 
@@ -727,12 +727,16 @@ ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
     op->rkey_len = rkey->len;
     ngx_memcpy(op->rkey, rkey->data, rkey->len);
 
-    argv[0] = "SPUBLISH";
-    argvlen[0] = 8;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SPUBLISH");
     argv[1] = (const char *) rkey->data;
     argvlen[1] = rkey->len;
-    argv[2] = store ? "s" : "r";
-    argvlen[2] = 1;
+
+    if (store) {
+        ngx_http_idempotency_arg(argv, argvlen, 2, "s");
+
+    } else {
+        ngx_http_idempotency_arg(argv, argvlen, 2, "r");
+    }
 
     (void) ngx_http_idempotency_redis_command(op, 3, argv, argvlen);
 }

@@ -220,15 +220,13 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
         ngx_memcpy(kop->claim, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT);
         ngx_memcpy(kop->claim + NGX_HTTP_IDEMPOTENCY_WORD_AT, word, 6);
 
-        argv[6] = "PX";
-        argvlen[6] = 2;
+        ngx_http_idempotency_arg(argv, argvlen, 6, "PX");
         argv[7] = (const char *) pttl;
         argvlen[7] = argvlen[0];
 
         ngx_http_idempotency_cas_args(argv, argvlen, rkey, kop->claim,
                                       NGX_HTTP_IDEMPOTENCY_HEAD_LEN, claim);
-        argv[5] = "GET";
-        argvlen[5] = 3;
+        ngx_http_idempotency_arg(argv, argvlen, 5, "GET");
 
         return ngx_http_idempotency_redis_command(&kop->op, 8, argv,
                                                   argvlen);
@@ -237,12 +235,10 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
     argv[6] = (const char *) pttl;
     argvlen[6] = argvlen[0];
 
-    argv[0] = "EVAL";
-    argvlen[0] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
     argv[1] = (const char *) ngx_http_idempotency_renew_script.data;
     argvlen[1] = ngx_http_idempotency_renew_script.len;
-    argv[2] = "1";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
     argv[3] = (const char *) rkey->data;
     argvlen[3] = rkey->len;
     argv[4] = (const char *) claim;

@@ -112,16 +112,13 @@ ngx_http_idempotency_scan_start(ngx_http_idempotency_scan_t *scan)
     op->data = scan;
     op->handler = ngx_http_idempotency_scan_step;
 
-    argv[0] = "SCAN";
-    argvlen[0] = 4;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "SCAN");
     argv[1] = (const char *) cursor;
     argvlen[1] = ngx_sprintf(cursor, "%uL", scan->cursor) - cursor;
-    argv[2] = "MATCH";
-    argvlen[2] = 5;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "MATCH");
     argv[3] = (const char *) match;
     argvlen[3] = p - match;
-    argv[4] = "COUNT";
-    argvlen[4] = 5;
+    ngx_http_idempotency_arg(argv, argvlen, 4, "COUNT");
     argv[5] = (const char *) count;
     argvlen[5] = ngx_sprintf(count, "%ui", scan->count) - count;
 
@@ -316,12 +313,10 @@ ngx_http_idempotency_scan_read(ngx_http_idempotency_scan_t *scan,
     k->len = 0;
     k->pttl = -2;
 
-    argv[0] = "GETRANGE";
-    argvlen[0] = 8;
+    ngx_http_idempotency_arg(argv, argvlen, 0, "GETRANGE");
     argv[1] = key->str;
     argvlen[1] = key->len;
-    argv[2] = "0";
-    argvlen[2] = 1;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "0");
     argv[3] = (const char *) last;
     argvlen[3] = ngx_sprintf(last, "%uz", NGX_HTTP_IDEMPOTENCY_SCAN_HEAD - 1)
                  - last;
@@ -336,8 +331,7 @@ ngx_http_idempotency_scan_read(ngx_http_idempotency_scan_t *scan,
         op->handler = ngx_http_idempotency_scan_got;
 
         if (i == 1) {
-            argv[0] = "PTTL";
-            argvlen[0] = 4;
+            ngx_http_idempotency_arg(argv, argvlen, 0, "PTTL");
         }
 
         if (ngx_http_idempotency_node_command(scan->node, op, i ? 2 : 4,

@@ -2,7 +2,11 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * The two Lua scripts that make every Redis step atomic.
+ * The claim, finish and take Lua scripts, which make those steps atomic.
+ * Every connection loads the claim and finish scripts, and EVALSHA names
+ * them by the SHA1s computed here.  Two more scripts live beside the one
+ * command that sends each: the lease's renewal (lease.c) and the touch of
+ * a claim before WAIT (claim.c).
  */
 
 
