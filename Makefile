@@ -123,11 +123,11 @@ clean:
 TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
                  t/028-dns-stub.t t/029-topologies.t t/031-redis-cluster.t \
                  t/032-redis-sentinel.t t/033-redis-wait.t \
-                 t/034-store-cluster.t t/036-wake-topologies.t \
+                 t/036-wake-topologies.t \
                  t/037-redis-cluster-dns.t t/038-wake-cluster.t \
                  t/039-redis-sentinel-tls.t t/041-large-topologies.t \
                  t/042-redis-addrs.t t/043-waitaof.t \
-                 t/048-wait-release.t t/062-admin-list.t
+                 t/062-admin-list.t t/063-store-cluster.t t/064-wait-release.t
 
 .PHONY: test-topologies test-valkey
 
