@@ -17,6 +17,7 @@
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
 # nodes +11..+16), nginx on TOPO_BASE+310 and +311, the held upstream on
 # +312.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';
