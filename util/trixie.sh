@@ -91,6 +91,8 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=util/apt-sources.sh
 . "$top/util/apt-sources.sh"
+# shellcheck source=util/lib.sh
+. "$top/util/lib.sh"
 self=$top/util/trixie.sh
 me=${0##*/}
 
@@ -137,11 +139,6 @@ newest_list=/etc/apt/ngx-idempotency-newest.list
 # (t/020, t/021, t/030, t/044, util/deb-test.sh); and `ip`, which brings
 # lo up in a run's network namespace
 extra_pkgs=(procps iproute2)
-
-die() {
-    echo "$me: $*" >&2
-    exit 1
-}
 
 now() { date +%s; }
 
