@@ -1,12 +1,20 @@
 # ngx_http_idempotency_module
 #
 #   make            build the module against Debian's nginx (nginx-dev)
+#                   into build/ (the same as make module)
+#   make module     the same: build/ngx_http_idempotency_module.so
+#   make deps       install what is missing of the packages the build, the
+#                   tests, the bench and make deb need (util/deps.sh)
+#   make clean      remove build/, build-asan/ and the tests' t/servroot*
 #   make test       install what is missing, build, run the suite on a
 #                   private Redis
 #   make test-asan  the same with the module built under AddressSanitizer
 #   make demo       a running demo with curl output (installs only what it
 #                   needs); make demo KEEP=1 leaves its servers running and
 #                   prints what to try and how to stop them
+#   make bench      the module's cost, measured with wrk against the same
+#                   nginx without it (scenarios and knobs: bench/run.sh's
+#                   header; figures: docs/performance.md)
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load, reload, soak at full size, the fault
 #                   campaign, then 5 min of fuzzing per parser (about 15 min)
@@ -27,7 +35,9 @@
 #                   in 3 configurations (docs/compatibility.md)
 #   make test-topologies  the tests that run on Redis topologies (TLS,
 #                   Cluster, Sentinel, replicas: util/topology.sh) and
-#                   the DNS stub, on ports 23000-23499
+#                   the DNS stub: the files of t/ with a line
+#                   "# topology: yes", each on the fixed ports its
+#                   header names
 #   make model      the protocol model checked by SPIN (model/README.md),
 #                   every configuration, about 2 minutes
 #   make test-valkey  the whole suite, topologies included, on Valkey
@@ -66,8 +76,9 @@ DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps test test-asan demo bench durability torture clean fuzz \
-        deb deb-test install version-check model faults
+.PHONY: all module deps clean test test-asan test-topologies test-valkey \
+        test-trixie bench-trixie demo bench durability torture faults fuzz \
+        model version-check check-nginx deb deb-test install
 
 all: module
 
@@ -117,19 +128,9 @@ clean:
 	rm -rf $(BUILD) $(BUILD)-asan t/servroot*
 
 # The tests that run on util/topology.sh's topologies or the DNS stub
-# (t/lib/DnsStub.pm). `make test` runs them too, among all the others;
-# the module's own TLS, Cluster, Sentinel and WAIT tests join this list
-# as they are written.
-TOPOLOGY_TESTS = t/025-redis-tls.t t/026-redis-dns.t t/027-redis-resend.t \
-                 t/028-dns-stub.t t/029-topologies.t t/031-redis-cluster.t \
-                 t/032-redis-sentinel.t t/033-redis-wait.t \
-                 t/034-store-cluster.t t/036-wake-topologies.t \
-                 t/037-redis-cluster-dns.t t/038-wake-cluster.t \
-                 t/039-redis-sentinel-tls.t t/041-large-topologies.t \
-                 t/042-redis-addrs.t t/043-waitaof.t \
-                 t/048-wait-release.t t/062-admin-list.t
-
-.PHONY: test-topologies test-valkey
+# (t/lib/DnsStub.pm): each says so by a line "# topology: yes" in its
+# header comment. `make test` runs them too, among all the others.
+TOPOLOGY_TESTS = $(sort $(shell grep -l '^\# topology: yes\b' t/*.t))
 
 test-topologies: deps
 	$(MAKE) module
@@ -145,12 +146,8 @@ test-valkey: deps
 
 # Debian 13 in a debootstrap root from this machine's own apt sources,
 # kept in TRIXIE_ROOT; logs in build/trixie (util/trixie.sh's header)
-.PHONY: test-trixie
-
 test-trixie:
 	./util/trixie.sh
-
-.PHONY: bench-trixie
 
 bench-trixie:
 	./util/trixie.sh bench
@@ -164,8 +161,6 @@ version-check:
 
 model:
 	./model/run.sh
-
-.PHONY: check-nginx
 
 check-nginx:
 	./util/check-nginx.sh "$(NGINX_SRC)"

@@ -10,6 +10,10 @@
 # (stored response, or claim) is one a retry would run again.  The claims
 # and records of requests that were answered 503 during the outage do not
 # count (nothing ran).  Loopback only, bounded in time.
+#
+# REDIS_SERVER and REDIS_CLI name the server and its client (redis-server
+# and redis-cli by default; valkey-server and valkey-cli for Valkey), as
+# for util/test.sh, bench/run.sh and util/topology.sh.
 set -euo pipefail
 
 module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -18,6 +22,8 @@ port=${DURABILITY_REDIS_PORT:-16479}
 edge=${DURABILITY_PORT:-19870}
 origin=$((edge + 1))
 duration=${DURABILITY_SECONDS:-3}
+REDIS_SERVER=${REDIS_SERVER:-redis-server}
+REDIS_CLI=${REDIS_CLI:-redis-cli}
 work=$(mktemp -d /tmp/ngx-idempotency-durability.XXXXXX)
 trap 'cleanup' EXIT
 
@@ -37,11 +43,11 @@ redis_start() {
         always)   persist=(--appendonly yes --appendfsync always --save '') ;;
     esac
     mkdir -p "$work/redis"
-    redis-server --port "$port" --bind 127.0.0.1 "${persist[@]}" \
+    "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 "${persist[@]}" \
         --daemonize yes --dir "$work/redis" --pidfile "$work/redis/redis.pid" \
         --logfile "$work/redis/redis.log"
     for _ in $(seq 100); do
-        redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && return 0
+        "$REDIS_CLI" -p "$port" ping 2>/dev/null | grep -q PONG && return 0
         sleep 0.1
     done
     echo "redis did not start" >&2
@@ -80,6 +86,10 @@ http {
 }
 EOF
 
+# the table in docs/operations.md is Redis's: say when it is another's
+if [ "$REDIS_SERVER" != redis-server ]; then
+    echo "== $("$REDIS_SERVER" --version | awk '{ print $1, $2, $3 }')"
+fi
 printf '%-10s %10s %10s %10s %8s\n' persistence executed kept lost lost%
 for mode in none everysec always; do
     rm -rf "$work/redis"
@@ -126,10 +136,10 @@ PY
 import hashlib, sys
 for k in sys.stdin.read().split():
     print("EXISTS idem:{%s}" % hashlib.sha256(b"\0" + k.encode()).hexdigest())
-' | redis-cli -p "$port" | grep -c '^1$' || true)
+' | "$REDIS_CLI" -p "$port" | grep -c '^1$' || true)
     lost=$((executed - kept))
     printf '%-10s %10d %10d %10d %7s%%\n' "$mode" "$executed" "$kept" "$lost" \
         "$(awk -v l="$lost" -v e="$executed" 'BEGIN { printf "%.2f", e ? 100 * l / e : 0 }')"
-    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    "$REDIS_CLI" -p "$port" shutdown nosave >/dev/null 2>&1 || true
     rm -f "$work/redis/redis.pid"
 done

@@ -23,13 +23,10 @@
 # Redis BENCH_REDIS_PORT+1 (16501).
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -f "$1" ]; then
-    echo "usage: $0 path/to/ngx_http_idempotency_module.so" >&2
-    exit 2
-fi
-
-module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=util/lib.sh
+. "$top/util/lib.sh"
+module_arg "$@"
 cd "$top"
 # shellcheck source=bench/conf.sh
 . bench/conf.sh
@@ -103,8 +100,6 @@ $single" "" "" \
 ./util/redis.sh start "$REDIS_PORT" >/dev/null
 "$NGINX" -p "$DIR/upstream/" -c "$DIR/upstream/nginx.conf" -e "$DIR/upstream/error.log"
 pids+=("$(sleep 0.3; cat "$DIR/upstream/nginx.pid")")
-
-port_of() { [ "$1" = plain ] && echo "$PLAIN_PORT" || echo "$MODULE_PORT"; }
 
 handled() {
     curl -sS -m 30 "http://127.0.0.1:$1/bench-status" | awk 'NR == 3 { print $3 }'

@@ -107,13 +107,10 @@
 # why the whole machine's CPU per request ("box") is reported too.
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -f "$1" ]; then
-    echo "usage: $0 path/to/ngx_http_idempotency_module.so" >&2
-    exit 2
-fi
-
-module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=util/lib.sh
+. "$top/util/lib.sh"
+module_arg "$@"
 cd "$top"
 # shellcheck source=bench/conf.sh
 . bench/conf.sh
@@ -436,17 +433,6 @@ for n in $EDGES; do
         exit 1
     fi
 done
-
-port_of() {
-    case $1 in
-        upstream) echo "$UPSTREAM_PORT" ;;
-        plain) echo "$PLAIN_PORT" ;;
-        module) echo "$MODULE_PORT" ;;
-        tls) echo "$TLS_PORT" ;;
-        cluster) echo "$CLUSTER_PORT" ;;
-        wait) echo "$WAIT_PORT" ;;
-    esac
-}
 
 for n in $EDGES; do
     p=$(port_of "$n")

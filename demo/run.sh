@@ -20,13 +20,10 @@
 # ECHO_MODULE (/usr/lib/nginx/modules/ngx_http_echo_module.so).
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -f "$1" ]; then
-    echo "usage: $0 path/to/ngx_http_idempotency_module.so" >&2
-    exit 2
-fi
-
-module=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=util/lib.sh
+. "$top/util/lib.sh"
+module_arg "$@"
 cd "$top"
 
 EDGE_PORT=${EDGE_PORT:-8080}

@@ -5,6 +5,7 @@
 # asks for a client certificate. Every refusal is a 503 within the timeout
 # with one log line per failure streak; no key ever runs twice.
 # Plain Test::More: its own nginx and Redis instances (ports 20700-20759).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -4,6 +4,7 @@
 # queries for redis.test, which the test moves.
 # Plain Test::More: its own nginx, Redis and DNS server (ports 20760-20769,
 # Redis on 127.0.0.1 and 127.0.0.2).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

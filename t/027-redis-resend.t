@@ -4,6 +4,7 @@
 # token) and the request goes on as the owner. A TCP proxy in this test
 # cuts the connection around the claim's SET, before or after Redis ran it.
 # Plain Test::More: its own nginx and proxy (ports 20780-20789).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -4,6 +4,7 @@
 # the TTL is the one set; checked with our own client, with dig when it
 # is installed, and with nginx's resolver, the client that matters.
 # Plain Test::More: ports 23253-23255 (the topology range, util/topology.sh).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

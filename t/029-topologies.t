@@ -12,6 +12,7 @@
 # - sentinel: a failover changes get-master-addr-by-name on every Sentinel
 #   and the old master answers READONLY; so does a kill -9 of the master
 # Plain Test::More; ports 23000-23199 (util/topology.sh has the map).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

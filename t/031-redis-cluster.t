@@ -15,6 +15,7 @@
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
 # nodes 24011-24016, +19 a dead seed; cluster-tls +21 to +26), nginx on
 # TOPO_BASE+300 to +303.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -20,6 +20,7 @@
 #   name to verify is valid (t/039 tests Sentinel over TLS)
 # Plain Test::More; ports TOPO_BASE+31..+43 (Redis) and TOPO_BASE+300..
 # +303 (nginx), TOPO_BASE defaulting to 25000.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

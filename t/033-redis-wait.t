@@ -22,6 +22,7 @@
 #   idempotency_redis_timeout, inherited or not (t/043 has "aof")
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26000:
 # master 26051, replica 26052), nginx and a slow backend at 26300-26309.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -7,6 +7,7 @@
 #   certificate and an ACL user, and wakes the waiters
 # Plain Test::More; Redis on TOPO_BASE+0..+1 and +31..+43, nginx on
 # TOPO_BASE+310..+311 (TOPO_BASE defaulting to 25000).
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

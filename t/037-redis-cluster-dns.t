@@ -23,6 +23,7 @@
 # - no key ever ran twice upstream, no worker crashed
 # Plain Test::More; Redis on TOPO_BASE+11..+16 (TOPO_BASE default 25000),
 # DNS stub and nginx on 20440-20449.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

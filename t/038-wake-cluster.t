@@ -21,6 +21,7 @@
 # Plain Test::More; cluster on TOPO_BASE+11..+16 (TOPO_BASE defaulting to
 # 25600), nginx on WAKE_CLUSTER_PORT (20520), the held upstream on
 # WAKE_CLUSTER_PORT+1.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

@@ -18,6 +18,7 @@
 # - no key ever ran twice upstream, no worker crashed
 # Plain Test::More; Redis on TOPO_BASE+61..+73 (TOPO_BASE default 25000),
 # nginx on 20420-20428, the DNS stub on 20429.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use Test::More;

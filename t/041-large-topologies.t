@@ -11,6 +11,7 @@
 # Plain Test::More: util/topology.sh standalone-tls and cluster-tls on
 # TOPO_BASE (default 26400: +0, +21..+26, buses +121..+126), nginx on
 # TOPO_BASE+300..+302.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -13,6 +13,7 @@
 #   a live address: every request served
 # Plain Test::More: its own Redis, Sentinel and one-node cluster on
 # 127.0.0.1 only (20800-20802), the DNS stub on 20803, nginx on 20804-20809.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -15,6 +15,7 @@
 #   connection that wrote nothing is answered at once)
 # Plain Test::More. Ports: the topology at TOPO_BASE (default 26600:
 # master 26651, replica 26652), nginx and its helpers at 26900-26909.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -15,6 +15,7 @@
 # - Redis Cluster (util/topology.sh on TOPO_BASE, default 27800): unknown
 #   keys spread over several masters are all listed, master after master
 # Plain Test::More: its own nginx on 19940-19941 and TOPO_BASE+310/311.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -68,11 +68,8 @@ sentinel_bin=${REDIS_SENTINEL:-$server_bin}
 cli_base=("${REDIS_CLI:-redis-cli}" --no-auth-warning -h 127.0.0.1)
 tls_args=()
 me=${0##*/}
-
-die() {
-    echo "$me: $*" >&2
-    exit 1
-}
+# shellcheck source=util/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # wait_for TENTHS CMD...: until CMD succeeds, at most TENTHS x 0.1 s
 wait_for() {

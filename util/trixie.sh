@@ -91,6 +91,8 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=util/apt-sources.sh
 . "$top/util/apt-sources.sh"
+# shellcheck source=util/lib.sh
+. "$top/util/lib.sh"
 self=$top/util/trixie.sh
 me=${0##*/}
 
@@ -106,11 +108,11 @@ server_files=${TRIXIE_SERVER_FILES:-t/001-lifecycle.t t/002-store.t \
 t/004-conflict.t t/005-redis.t t/015-redis-conn.t t/017-metrics.t \
 t/020-torture.t \
 t/027-redis-resend.t t/031-redis-cluster.t t/033-redis-wait.t \
-t/034-store.t t/034-store-cluster.t t/035-wake.t t/040-large-reply.t \
+t/034-store.t t/035-wake.t t/040-large-reply.t \
 t/043-waitaof.t t/044-at-most-once.t t/045-faults.t t/048-encrypt.t \
-t/048-wait-release.t \
 t/049-admin.t t/053-native-cas.t t/054-wake-quiet.t t/055-release-order.t \
-t/056-redis-restart.t t/062-admin-list.t}
+t/056-redis-restart.t t/062-admin-list.t t/063-store-cluster.t \
+t/064-wait-release.t}
 out=${TRIXIE_OUT:-$top/build/trixie}
 if [ "$mode" = bench ]; then
     run_timeout=${TRIXIE_TIMEOUT:-1800}
@@ -137,11 +139,6 @@ newest_list=/etc/apt/ngx-idempotency-newest.list
 # (t/020, t/021, t/030, t/044, util/deb-test.sh); and `ip`, which brings
 # lo up in a run's network namespace
 extra_pkgs=(procps iproute2)
-
-die() {
-    echo "$me: $*" >&2
-    exit 1
-}
 
 now() { date +%s; }
 

@@ -1,7 +1,7 @@
 package TopoTest;
 
 # Helpers shared by the plain Test::More suites that run on
-# util/topology.sh (t/032, t/034, t/037, t/039): run an action, wait for a condition,
+# util/topology.sh (t/032, t/037, t/039, t/063): run an action, wait for a condition,
 # count log lines, and the closing checks of every nginx they started.
 
 use strict;

@@ -1,4 +1,4 @@
-# The store path of t/034 on Redis Cluster: both forms of the store (the
+# The store path of t/034-store.t on Redis Cluster: both forms of the store (the
 # finish script alone; a staged SET and the script that RENAMEs it) reach
 # the master of the record's slot, follow MOVED, and fall back to EVAL
 # after a NOSCRIPT.  The moves happen while the upstream is held by the
@@ -17,6 +17,7 @@
 # Plain Test::More: util/topology.sh cluster on TOPO_BASE (default 24000:
 # nodes +11..+16), nginx on TOPO_BASE+310 and +311, the held upstream on
 # +312.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -9,6 +9,7 @@
 # sentinel-failover round meets it many times (docs/faults.md).
 # Plain Test::More. Ports: util/topology.sh replica at TOPO_BASE (default
 # 27500: master 27551, replica 27552), nginx on TOPO_BASE+300.
+# topology: yes (make test-topologies runs this file)
 use strict;
 use warnings;
 use lib 't/lib';
