@@ -225,6 +225,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, store_max_size),
       NULL },
 
+    { ngx_string("idempotency_store_immediate"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, store_immediate),
+      NULL },
+
     { ngx_string("idempotency_hide_header"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_idempotency_header_list,
@@ -542,6 +549,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->wait = NGX_CONF_UNSET_MSEC;
     conf->store_status = NGX_CONF_UNSET_PTR;
     conf->store_max_size = NGX_CONF_UNSET_SIZE;
+    conf->store_immediate = NGX_CONF_UNSET;
     conf->hide_headers = NGX_CONF_UNSET_PTR;
     conf->pass_headers = NGX_CONF_UNSET_PTR;
     conf->metrics_zone = NGX_CONF_UNSET_UINT;
@@ -595,6 +603,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_ptr_value(conf->store_status, prev->store_status, NULL);
     ngx_conf_merge_size_value(conf->store_max_size, prev->store_max_size,
                               1024 * 1024);
+    ngx_conf_merge_value(conf->store_immediate, prev->store_immediate, 0);
     ngx_conf_merge_ptr_value(conf->hide_headers, prev->hide_headers, NULL);
     ngx_conf_merge_ptr_value(conf->pass_headers, prev->pass_headers, NULL);
     ngx_conf_merge_uint_value(conf->metrics_zone, prev->metrics_zone, 0);

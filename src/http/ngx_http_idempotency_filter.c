@@ -654,6 +654,7 @@ ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
     f.lease_end = ctx->lease_end;
     f.info = &info;
     f.orphan = 0;
+    f.immediate = ctx->conf->store_immediate;
 
     ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
     ngx_http_idempotency_finish_key(ctx->redis, &f, log);

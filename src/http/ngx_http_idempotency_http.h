@@ -123,6 +123,7 @@ typedef struct {
     ngx_msec_t                       wait;
     ngx_array_t                     *store_status;   /* ngx_uint_t */
     size_t                           store_max_size;
+    ngx_flag_t                       store_immediate;
     ngx_array_t                     *hide_headers;   /* ngx_str_t */
     ngx_array_t                     *pass_headers;   /* ngx_str_t */
     ngx_uint_t                       metrics_zone;   /* id, metrics.c */

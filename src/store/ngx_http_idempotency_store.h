@@ -164,6 +164,7 @@ typedef struct {
     ngx_msec_t                       lease_end;  /* sent again until then */
     ngx_str_t                       *info;       /* for the log, or NULL */
     unsigned                         orphan:1;   /* a lost claim's release */
+    unsigned                         immediate:1;    /* not with the turn */
 } ngx_http_idempotency_finish_t;
 
 
