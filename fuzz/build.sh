@@ -3,7 +3,7 @@
 #
 #   fuzz_key        ngx_http_idempotency_parse_key()        (key.c)
 #   fuzz_record     ngx_http_idempotency_record_decode()    (record.c)
-#   fuzz_roundtrip  record_header() -> record_decode()      (record.c)
+#   fuzz_roundtrip  capture_header() -> record_decode()     (record.c)
 #
 # The nginx headers come from the configure tree "make module" leaves in
 # build/nginx (NGX_TREE to override).  That tree is rm -rf'd and recreated by
@@ -64,4 +64,5 @@ build fuzz_record    "$top/fuzz/fuzz_record.c" \
                      "$src/store/ngx_http_idempotency_record.c"
 build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" \
                      "$src/store/ngx_http_idempotency_record.c" \
+                     "$src/store/ngx_http_idempotency_build.c" \
                      "$src/http/ngx_http_idempotency_capture.c"

@@ -1,8 +1,9 @@
 
 /*
- * libFuzzer round trip through src/http/ngx_http_idempotency_capture.c and
+ * libFuzzer round trip through src/http/ngx_http_idempotency_capture.c,
+ * src/store/ngx_http_idempotency_build.c and
  * src/store/ngx_http_idempotency_record.c: a response built from the input
- * is serialised with ngx_http_idempotency_record_header() (+ the body the
+ * is serialised with ngx_http_idempotency_capture_header() (+ the body the
  * way filter.c adds it), then read back with
  * ngx_http_idempotency_record_decode().
  *
@@ -20,7 +21,7 @@
  *               name value name value ... body (the last field)
  *               A name starting with 0x7f is a deleted header (hash 0).
  *
- * Checked: record_header() declines exactly when the head, or the head and
+ * Checked: capture_header() declines exactly when the head, or the head and
  * the announced body, exceed store_max_size; otherwise it writes exactly the
  * computed size, and the record decodes to the status, the headers nginx
  * would keep (not hop-by-hop, not proxy-*, not hidden, name <= 256 bytes,
@@ -509,7 +510,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         head_size += 8 + exp_name[i].len + exp_value[i].len;
     }
 
-    /* record_header(), as the header filter calls it */
+    /* capture_header(), as the header filter calls it */
 
     for (i = 0; i < sizeof(head); i++) {
         head[i] = (u_char) (i * 7 + 1);
@@ -523,7 +524,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nallocs = 0;
     nwarnings = 0;
 
-    rc = ngx_http_idempotency_record_header(r, &conf, &cap, head);
+    rc = ngx_http_idempotency_capture_header(r, &conf, &cap, head);
 
     fuzz_assert(rc == NGX_OK || rc == NGX_DECLINED, "rc %ld", (long) rc);
     fuzz_assert(nwarnings == nbad, "%lu warnings for %lu bad headers",
@@ -571,13 +572,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (body.len) {
             ngx_memcpy(q, body.data, body.len);
         }
-        ngx_http_idempotency_record_set_body_len(&cap, rec_data + head_size);
+        ngx_http_idempotency_build_body_len(rec_data + head_size,
+                                            cap.body_len);
         break;
 
     default: /* header only */
         cap.expected = 0;
         cap.end = cap.last;
-        ngx_http_idempotency_record_set_body_len(&cap, cap.last);
+        ngx_http_idempotency_build_body_len(cap.last, cap.body_len);
         body.len = 0;
         rec_data = cap.start;
         rec_len = cap.end - cap.start;
@@ -638,9 +640,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         tsize = 0;
     }
 
-    fuzz_assert(ngx_http_idempotency_record_trailers_size(r, &conf) == tsize,
+    fuzz_assert(ngx_http_idempotency_capture_trailers_size(r, &conf) == tsize,
                 "trailer section of %zu bytes, expected %zu",
-                ngx_http_idempotency_record_trailers_size(r, &conf), tsize);
+                ngx_http_idempotency_capture_trailers_size(r, &conf), tsize);
 
     /* (filter.c never captures a body past store_max_size) */
     if (tsize == 0 || rec_len > conf.store_max_size
@@ -651,7 +653,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     q = ngx_pnalloc(fake_pool, rec_len + tsize);
     ngx_memcpy(q, rec_data, rec_len);
-    ngx_http_idempotency_record_add_trailers(r, &conf, q, q + rec_len);
+    ngx_http_idempotency_capture_trailers(r, &conf, q, q + rec_len);
 
     rc = ngx_http_idempotency_record_decode(q, rec_len + tsize, &rec);
 

@@ -342,13 +342,12 @@ ngx_http_idempotency_list_page(ngx_http_idempotency_list_ctx_t *ctx,
 
         /* gone since the SCAN, or no record of this module */
 
-        if (k->len < NGX_HTTP_IDEMPOTENCY_HEAD_LEN || k->pttl == -2
-            || ngx_memcmp(head, NGX_HTTP_IDEMPOTENCY_MAGIC, 4) != 0)
+        if (k->pttl == -2 || !ngx_http_idempotency_head_valid(head, k->len))
         {
             continue;
         }
 
-        kind = head[4];
+        kind = ngx_http_idempotency_head_state(head);
         status = 0;
         state = ngx_http_idempotency_admin_state(kind, head, scan->at,
                                                  ctx->conf->lock_ttl / 3,

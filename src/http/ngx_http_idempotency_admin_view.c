@@ -89,7 +89,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
             /* sealed records are completed ones: the head alone is clear */
             ngx_memzero(&rec, sizeof(ngx_http_idempotency_record_t));
             rec.state = NGX_HTTP_IDEMPOTENCY_REC_DONE;
-            rec.fingerprint = value + 5;
+            rec.fingerprint = ngx_http_idempotency_head_fingerprint(value);
         }
     }
 

@@ -2,22 +2,19 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * The owner's response into a record (the format is store/record.c's):
- * status, the headers that are worth replaying, the body as it passes the
- * filters, and the trailers.
+ * The owner's response into a record, through the store's builder (the
+ * format is the store's): status, the headers that are worth replaying,
+ * the body as it passes the filters, and the trailers.
  */
 
 
 #include "ngx_http_idempotency_http.h"
 
 
-static u_char *ngx_http_idempotency_put16(u_char *p, ngx_uint_t v);
-static u_char *ngx_http_idempotency_put32(u_char *p, uint32_t v);
-static u_char *ngx_http_idempotency_put64(u_char *p, uint64_t v);
-static u_char *ngx_http_idempotency_record_list(ngx_http_request_t *r,
-    ngx_list_t *list, ngx_http_idempotency_loc_conf_t *conf, u_char *p,
-    size_t *size, uint32_t *n);
-static ngx_int_t ngx_http_idempotency_record_content_type(
+static void ngx_http_idempotency_capture_list(ngx_http_request_t *r,
+    ngx_list_t *list, ngx_http_idempotency_loc_conf_t *conf,
+    ngx_http_idempotency_build_t *b);
+static ngx_int_t ngx_http_idempotency_capture_content_type(
     ngx_http_request_t *r, ngx_str_t *name, ngx_str_t *value);
 static ngx_uint_t ngx_http_idempotency_unsafe(ngx_str_t *s);
 
@@ -34,26 +31,20 @@ static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
  */
 
 ngx_int_t
-ngx_http_idempotency_record_header(ngx_http_request_t *r,
+ngx_http_idempotency_capture_header(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
     u_char *head)
 {
-    u_char      *p, *count;
-    size_t       size, head_size, room, tag;
-    uint32_t     n;
-    ngx_str_t    ct_name, ct, status_line;
-    ngx_uint_t   pass;
+    size_t                        size, head_size, room, tag;
+    ngx_str_t                     ct_name, ct, status_line;
+    ngx_http_idempotency_build_t  b;
 
-    size = NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 + 4 + 8;
+    static ngx_str_t  status_name = ngx_string(":status-line");
 
-    if (ngx_http_idempotency_record_content_type(r, &ct_name, &ct)
+    if (ngx_http_idempotency_capture_content_type(r, &ct_name, &ct)
         != NGX_OK)
     {
         return NGX_ERROR;
-    }
-
-    if (ct.len) {
-        size += 8 + ct_name.len + ct.len;
     }
 
     /* the upstream's reason phrase, e.g. for a 422 nginx has none for */
@@ -78,87 +69,68 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
         status_line.len = 0;
     }
 
+    /* measured first, then written where it is allocated at its size */
+
+    ngx_http_idempotency_build_measure(&b, NGX_HTTP_IDEMPOTENCY_DONE_FIXED);
+
+    if (ct.len) {
+        ngx_http_idempotency_build_field(&b, &ct_name, &ct);
+    }
+
     if (status_line.len) {
-        size += 8 + sizeof(":status-line") - 1 + status_line.len;
+        ngx_http_idempotency_build_field(&b, &status_name, &status_line);
     }
 
-    for (pass = 0; pass < 2; pass++) {
+    ngx_http_idempotency_capture_list(r, &r->headers_out.headers, conf, &b);
 
-        if (pass == 1) {
-            head_size = size;
+    head_size = b.size;
+    size = head_size;
 
-            if (head_size > conf->store_max_size
-                || (cap->expected > 0
-                    && (size_t) cap->expected
-                       > conf->store_max_size - head_size))
-            {
-                return NGX_DECLINED;
-            }
-
-            if (cap->expected >= 0) {
-                size += cap->expected;
-            }
-
-            /*
-             * a sealed record is encrypted where it is: room for its
-             * envelope after the head and for its tag after the end, not
-             * counted in idempotency_store_max_size
-             */
-
-            room = ngx_http_idempotency_crypt_room(conf->encrypt_keys);
-            tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
-            size += room;
-
-            cap->start = ngx_pnalloc(r->pool, size + tag);
-            if (cap->start == NULL) {
-                return NGX_ERROR;
-            }
-
-            cap->end = cap->start + size;
-
-            p = ngx_cpymem(cap->start, head, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-            cap->start[4] = NGX_HTTP_IDEMPOTENCY_REC_DONE;
-            p += room;
-
-            p = ngx_http_idempotency_put16(p, r->headers_out.status);
-            count = p;
-            p += 4;
-            n = 0;
-
-            if (ct.len) {
-                p = ngx_http_idempotency_put32(p, ct_name.len);
-                p = ngx_cpymem(p, ct_name.data, ct_name.len);
-                p = ngx_http_idempotency_put32(p, ct.len);
-                p = ngx_cpymem(p, ct.data, ct.len);
-                n++;
-            }
-
-            if (status_line.len) {
-                p = ngx_http_idempotency_put32(p,
-                                               sizeof(":status-line") - 1);
-                p = ngx_cpymem(p, ":status-line", sizeof(":status-line") - 1);
-                p = ngx_http_idempotency_put32(p, status_line.len);
-                p = ngx_cpymem(p, status_line.data, status_line.len);
-                n++;
-            }
-
-        } else {
-            p = NULL;
-            count = NULL;
-            n = 0;
-        }
-
-        p = ngx_http_idempotency_record_list(r, &r->headers_out.headers,
-                                             conf, p, &size, &n);
+    if (head_size > conf->store_max_size
+        || (cap->expected > 0
+            && (size_t) cap->expected > conf->store_max_size - head_size))
+    {
+        return NGX_DECLINED;
     }
 
-    ngx_http_idempotency_put32(count, n);
+    if (cap->expected >= 0) {
+        size += cap->expected;
+    }
+
+    /*
+     * a sealed record is encrypted where it is: room for its envelope
+     * after the head and for its tag after the end, not counted in
+     * idempotency_store_max_size
+     */
+
+    room = ngx_http_idempotency_crypt_room(conf->encrypt_keys);
+    tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
+    size += room;
+
+    cap->start = ngx_pnalloc(r->pool, size + tag);
+    if (cap->start == NULL) {
+        return NGX_ERROR;
+    }
+
+    cap->end = cap->start + size;
+
+    ngx_http_idempotency_build_begin(&b, cap->start, head, room,
+                                     r->headers_out.status);
+
+    if (ct.len) {
+        ngx_http_idempotency_build_field(&b, &ct_name, &ct);
+    }
+
+    if (status_line.len) {
+        ngx_http_idempotency_build_field(&b, &status_name, &status_line);
+    }
+
+    ngx_http_idempotency_capture_list(r, &r->headers_out.headers, conf, &b);
 
     /* body length: filled in now if known, else at the end */
-    ngx_http_idempotency_put64(p, cap->expected >= 0 ? cap->expected : 0);
-    p += 8;
 
-    cap->last = p;
+    cap->last = ngx_http_idempotency_build_headers_end(&b,
+                                    cap->expected >= 0 ? cap->expected : 0);
     cap->body_len = 0;
     cap->chunks = NULL;
     cap->chunks_last = &cap->chunks;
@@ -168,70 +140,57 @@ ngx_http_idempotency_record_header(ngx_http_request_t *r,
 }
 
 
-void
-ngx_http_idempotency_record_set_body_len(ngx_http_idempotency_capture_t *cap,
-    u_char *body)
-{
-    ngx_http_idempotency_put64(body - 8, cap->body_len);
-}
-
-
 /*
  * The size of the trailer section for the trailers the owner's response
  * ended with (grpc_pass), kept by the rules for headers; 0 if none is kept.
  */
 
 size_t
-ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+ngx_http_idempotency_capture_trailers_size(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf)
 {
-    size_t    size;
-    uint32_t  n;
+    ngx_http_idempotency_build_t  b;
 
-    size = 4;
-    n = 0;
+    ngx_http_idempotency_build_measure(&b,
+                                       NGX_HTTP_IDEMPOTENCY_TRAILERS_FIXED);
 
-    (void) ngx_http_idempotency_record_list(r, &r->headers_out.trailers,
-                                            conf, NULL, &size, &n);
+    ngx_http_idempotency_capture_list(r, &r->headers_out.trailers, conf, &b);
 
-    return n ? size : 0;
+    return b.n ? b.size : 0;
 }
 
 
 /* appends that section at p, the end of the done record that starts at rec */
 
 void
-ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p)
 {
-    uint32_t  n;
+    ngx_http_idempotency_build_t  b;
 
-    rec[4] = NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS;
-
-    n = 0;
-
-    (void) ngx_http_idempotency_record_list(r, &r->headers_out.trailers,
-                                            conf, p + 4, NULL, &n);
-
-    ngx_http_idempotency_put32(p, n);
+    ngx_http_idempotency_build_trailers(&b, rec, p);
+    ngx_http_idempotency_capture_list(r, &r->headers_out.trailers, conf, &b);
+    ngx_http_idempotency_build_trailers_end(&b);
 }
 
 
 /*
- * The fields of a header or trailer list that are kept: adds their size to
- * *size when p is NULL, else writes them at p.  Counts them in *n.
+ * The fields of a header or trailer list that are kept, to the builder:
+ * measured or written.
  */
 
-static u_char *
-ngx_http_idempotency_record_list(ngx_http_request_t *r, ngx_list_t *list,
-    ngx_http_idempotency_loc_conf_t *conf, u_char *p, size_t *size,
-    uint32_t *n)
+static void
+ngx_http_idempotency_capture_list(ngx_http_request_t *r, ngx_list_t *list,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_build_t *b)
 {
     u_char            buf[NGX_HTTP_IDEMPOTENCY_NAME_MAX];
     ngx_str_t         low;
     ngx_uint_t        i;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
+
+    static ngx_str_t  location = ngx_string(":location");
+    static ngx_str_t  empty = ngx_null_string;
 
     part = &list->part;
     h = part->elts;
@@ -277,7 +236,7 @@ ngx_http_idempotency_record_list(ngx_http_request_t *r, ngx_list_t *list,
         /* the decoder refuses these bytes: drop the field only */
 
         if (ngx_http_idempotency_unsafe(&h[i].value)) {
-            if (p == NULL) {
+            if (b->pos == NULL) {
                 /* a token: safe to log */
                 ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                               "idempotency: header \"%V\" has CR, LF "
@@ -293,32 +252,11 @@ ngx_http_idempotency_record_list(ngx_http_request_t *r, ngx_list_t *list,
          */
 
         if (&h[i] == r->headers_out.location) {
-            (*n)++;
-
-            if (p == NULL) {
-                *size += 8 + sizeof(":location") - 1;
-
-            } else {
-                p = ngx_http_idempotency_put32(p, sizeof(":location") - 1);
-                p = ngx_cpymem(p, ":location", sizeof(":location") - 1);
-                p = ngx_http_idempotency_put32(p, 0);
-            }
+            ngx_http_idempotency_build_field(b, &location, &empty);
         }
 
-        (*n)++;
-
-        if (p == NULL) {
-            *size += 8 + h[i].key.len + h[i].value.len;
-            continue;
-        }
-
-        p = ngx_http_idempotency_put32(p, h[i].key.len);
-        p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
-        p = ngx_http_idempotency_put32(p, h[i].value.len);
-        p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+        ngx_http_idempotency_build_field(b, &h[i].key, &h[i].value);
     }
-
-    return p;
 }
 
 
@@ -331,7 +269,7 @@ ngx_http_idempotency_record_list(ngx_http_request_t *r, ngx_list_t *list,
  */
 
 static ngx_int_t
-ngx_http_idempotency_record_content_type(ngx_http_request_t *r,
+ngx_http_idempotency_capture_content_type(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value)
 {
     u_char                  *p;
@@ -462,37 +400,6 @@ ngx_http_idempotency_unsafe(ngx_str_t *s)
     }
 
     return 0;
-}
-
-
-static u_char *
-ngx_http_idempotency_put16(u_char *p, ngx_uint_t v)
-{
-    *p++ = (u_char) (v >> 8);
-    *p++ = (u_char) v;
-
-    return p;
-}
-
-
-static u_char *
-ngx_http_idempotency_put32(u_char *p, uint32_t v)
-{
-    *p++ = (u_char) (v >> 24);
-    *p++ = (u_char) (v >> 16);
-    *p++ = (u_char) (v >> 8);
-    *p++ = (u_char) v;
-
-    return p;
-}
-
-
-static u_char *
-ngx_http_idempotency_put64(u_char *p, uint64_t v)
-{
-    p = ngx_http_idempotency_put32(p, (uint32_t) (v >> 32));
-
-    return ngx_http_idempotency_put32(p, (uint32_t) v);
 }
 
 

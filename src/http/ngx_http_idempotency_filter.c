@@ -127,8 +127,8 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
         return NGX_ERROR;
     }
 
-    rc = ngx_http_idempotency_record_header(r, ctx->conf, &ctx->capture,
-                                            ctx->claim);
+    rc = ngx_http_idempotency_capture_header(r, ctx->conf, &ctx->capture,
+                                             ctx->claim);
 
     if (rc == NGX_DECLINED) {
         ngx_http_idempotency_too_large(r, ctx);
@@ -169,8 +169,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
         /* no body will follow (204, HEAD) */
         ctx->capture.expected = 0;
         ctx->capture.end = ctx->capture.last;
-        ngx_http_idempotency_record_set_body_len(&ctx->capture,
-                                                 ctx->capture.last);
+        ngx_http_idempotency_build_body_len(ctx->capture.last, 0);
         ngx_http_idempotency_store(r, ctx);
     }
 
@@ -494,7 +493,7 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
     tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
 
     /* the upstream's trailers (grpc_pass) are in place with the last buf */
-    tlen = ngx_http_idempotency_record_trailers_size(r, ctx->conf);
+    tlen = ngx_http_idempotency_capture_trailers_size(r, ctx->conf);
 
     if (cap->expected >= 0) {
 
@@ -544,12 +543,12 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
             p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
         }
 
-        ngx_http_idempotency_record_set_body_len(cap, value + head);
+        ngx_http_idempotency_build_body_len(value + head, cap->body_len);
     }
 
     if (tlen) {
-        ngx_http_idempotency_record_add_trailers(r, ctx->conf, value,
-                                                 value + len);
+        ngx_http_idempotency_capture_trailers(r, ctx->conf, value,
+                                              value + len);
     }
 
     ngx_http_idempotency_store_record(r, ctx, value, len + tlen);
@@ -594,16 +593,16 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
                   "idempotency_store_max_size %uz, stored as too large",
                   ctx->conf->store_max_size);
 
-    buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2);
+    buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
     if (buf == NULL) {
         ngx_http_idempotency_give_up(r, ctx);
         return;
     }
 
-    ngx_http_idempotency_record_tombstone(buf, ctx->claim,
-                                          r->headers_out.status);
+    ngx_http_idempotency_build_too_large(buf, ctx->claim,
+                                         r->headers_out.status);
 
-    ngx_http_idempotency_finish(ctx, buf, NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2,
+    ngx_http_idempotency_finish(ctx, buf, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN,
                                 ctx->conf->ttl, r->connection->log);
 }
 

@@ -607,7 +607,8 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     }
 
-    if (ngx_memcmp(rec->fingerprint, ctx->claim + 5,
+    if (ngx_memcmp(rec->fingerprint,
+                   ngx_http_idempotency_head_fingerprint(ctx->claim),
                    NGX_HTTP_IDEMPOTENCY_HASH_LEN)
         != 0)
     {

@@ -155,7 +155,7 @@ ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
         ngx_http_idempotency_md_free = md;
     }
 
-    fingerprint.data = ctx->claim + 5;
+    fingerprint.data = ngx_http_idempotency_head_fingerprint(ctx->claim);
     fingerprint.len = NGX_HTTP_IDEMPOTENCY_HASH_LEN;
 
     if (ctx->conf->secret) {
@@ -297,19 +297,22 @@ ngx_http_idempotency_fingerprint_update(ngx_http_idempotency_ctx_t *ctx,
 ngx_int_t
 ngx_http_idempotency_fingerprint_finish(ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char        *p;
-    unsigned int   len;
+    unsigned int  len;
 
-    /* the claim record: magic | state | fingerprint | token */
+    /* the claim record: the head, with this body's fingerprint */
 
-    p = ngx_cpymem(ctx->claim, NGX_HTTP_IDEMPOTENCY_MAGIC, 4);
-    *p++ = NGX_HTTP_IDEMPOTENCY_REC_CLAIM;
+    ngx_http_idempotency_head_claim(ctx->claim);
 
-    if (EVP_DigestFinal_ex(ctx->md, p, &len) != 1) {
+    if (EVP_DigestFinal_ex(ctx->md,
+                           ngx_http_idempotency_head_fingerprint(ctx->claim),
+                           &len)
+        != 1)
+    {
         return NGX_ERROR;
     }
 
-    ngx_http_idempotency_new_token(p + NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    ngx_http_idempotency_new_token(
+                                ngx_http_idempotency_head_token(ctx->claim));
 
     ngx_http_idempotency_fingerprint_free(ctx);
 

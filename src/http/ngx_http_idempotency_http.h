@@ -253,16 +253,14 @@ extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 
 /* capture.c: the owner's response into a record */
 ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
-ngx_int_t ngx_http_idempotency_record_header(ngx_http_request_t *r,
+ngx_int_t ngx_http_idempotency_capture_header(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
     u_char *head);
-void ngx_http_idempotency_record_set_body_len(
-    ngx_http_idempotency_capture_t *cap, u_char *body);
 void ngx_http_idempotency_content_type(ngx_str_t *value, size_t *type_len,
     ngx_str_t *charset);
-size_t ngx_http_idempotency_record_trailers_size(ngx_http_request_t *r,
+size_t ngx_http_idempotency_capture_trailers_size(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf);
-void ngx_http_idempotency_record_add_trailers(ngx_http_request_t *r,
+void ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
 
 /* renew.c: the owner renews its lease while its request lives */

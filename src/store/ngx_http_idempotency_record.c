@@ -15,6 +15,8 @@
  *   sealed:     either done record, encrypted (crypt.c); it is built with
  *               room for the envelope after its head
  *
+ * build.c writes them; this file reads them.
+ *
  * Decoding trusts nothing: a record that does not parse exactly is an error,
  * and so is one holding a field capture.c never stores (see field_ok()):
  * a Redis writer must not be able to frame the replay.
@@ -430,16 +432,4 @@ ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
     p += 4 + value->len;
 
     return p;
-}
-
-/* "completed, too large to replay": the head and the status */
-
-void
-ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
-    ngx_uint_t status)
-{
-    ngx_memcpy(buf, head, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-    buf[4] = NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE;
-    buf[NGX_HTTP_IDEMPOTENCY_HEAD_LEN] = (u_char) (status >> 8);
-    buf[NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 1] = (u_char) status;
 }

@@ -138,6 +138,36 @@ typedef struct {
 #define ngx_http_idempotency_key_op(o)  ((ngx_http_idempotency_key_op_t *) (o))
 
 
+/*
+ * A record's head, read through these and written only by build.c: no
+ * other file knows its offsets (record.c holds the format).
+ */
+#define ngx_http_idempotency_head_valid(h, len)                               \
+    ((len) >= NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                   \
+     && ngx_memcmp(h, NGX_HTTP_IDEMPOTENCY_MAGIC, 4) == 0)
+#define ngx_http_idempotency_head_state(h)  ((ngx_uint_t) (h)[4])
+#define ngx_http_idempotency_head_fingerprint(h)  ((h) + 5)
+#define ngx_http_idempotency_head_token(h)                                    \
+    ((h) + 5 + NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+
+/* a completed record without its fields and body: head, status, counts */
+#define NGX_HTTP_IDEMPOTENCY_DONE_FIXED                                       \
+    (NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2 + 4 + 8)
+/* the trailer section without its fields: the count */
+#define NGX_HTTP_IDEMPOTENCY_TRAILERS_FIXED  4
+/* a too-large marker: head and status */
+#define NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN  (NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2)
+
+
+/* build.c: a record being written, or measured (pos NULL) */
+typedef struct {
+    u_char                          *pos;        /* the next field's place */
+    u_char                          *count;      /* the field count's */
+    size_t                           size;       /* measured */
+    uint32_t                         n;          /* fields so far */
+} ngx_http_idempotency_build_t;
+
+
 /* a decoded record; pointers refer to a copy in r->pool */
 typedef struct {
     ngx_uint_t                       state;
@@ -209,7 +239,23 @@ u_char *ngx_http_idempotency_record_next_header(u_char *p, ngx_str_t *name,
 ngx_uint_t ngx_http_idempotency_record_field_ok(ngx_str_t *name);
 ngx_uint_t ngx_http_idempotency_record_status_line_ok(ngx_str_t *line,
     ngx_uint_t status);
-void ngx_http_idempotency_record_tombstone(u_char *buf, u_char *head,
+
+/* build.c */
+void ngx_http_idempotency_head_claim(u_char *head);
+void ngx_http_idempotency_build_measure(ngx_http_idempotency_build_t *b,
+    size_t fixed);
+void ngx_http_idempotency_build_begin(ngx_http_idempotency_build_t *b,
+    u_char *rec, u_char *head, size_t room, ngx_uint_t status);
+void ngx_http_idempotency_build_field(ngx_http_idempotency_build_t *b,
+    ngx_str_t *name, ngx_str_t *value);
+u_char *ngx_http_idempotency_build_headers_end(
+    ngx_http_idempotency_build_t *b, uint64_t body_len);
+void ngx_http_idempotency_build_body_len(u_char *body, uint64_t len);
+void ngx_http_idempotency_build_trailers(ngx_http_idempotency_build_t *b,
+    u_char *rec, u_char *p);
+void ngx_http_idempotency_build_trailers_end(
+    ngx_http_idempotency_build_t *b);
+void ngx_http_idempotency_build_too_large(u_char *buf, u_char *head,
     ngx_uint_t status);
 
 /*
