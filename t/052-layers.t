@@ -36,9 +36,9 @@ my @breaches = (
      "static void *f(ngx_conf_t *cf) { return ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module); }\n",
      qr/record\.c:\d+ sees the request/,
      'store/ reads the http configuration'],
-    ['redis/ngx_http_idempotency_redis.c',
+    ['redis/ngx_http_idempotency_node.c',
      "static int f(ngx_http_idempotency_redis_t *redis) { return redis->seeds != NULL; }\n",
-     qr/redis\.c:\d+ asks the topology/,
+     qr/node\.c:\d+ asks the topology/,
      'the client asks which topology'],
 );
 

@@ -3,7 +3,7 @@
  * Copyright (C) The ngx_http_idempotency_module authors
  *
  * Redis Cluster: a per-worker slot map learnt with CLUSTER SLOTS, one
- * pipelined node (redis.c) per master, and the router that sends each
+ * pipelined node (node.c) per master, and the router that sends each
  * command to the master of its key's slot and follows MOVED, ASK and the
  * transient errors of a failover or a resharding.  Every routed command
  * keeps its bytes until its reply, so that it can be sent again.

@@ -4,7 +4,7 @@
  *
  * One connection to one Redis server on nginx's own connection machinery:
  * resolve (the http resolver), connect (ngx_event_connect_peer), TLS
- * (tls.c), then write what redis.c formatted and feed what comes back to
+ * (tls.c), then write what node.c formatted and feed what comes back to
  * hiredis's RESP reader.  hiredis parses; it never touches the socket.
  */
 
@@ -403,7 +403,7 @@ ngx_http_idempotency_conn_connected(ngx_http_idempotency_node_t *node)
 
     /*
      * Without Nagle: a finish is written the moment its response goes out
-     * (redis.c, op->urgent), and held back behind an unacknowledged
+     * (node.c, op->urgent), and held back behind an unacknowledged
      * segment it reached Redis after the retry that the response allowed
      * (t/055, t/060 on a loaded machine: up to 29 of 400 retries met the
      * claim).  Commands are batched per event loop turn anyway.  A unix
@@ -669,7 +669,7 @@ ngx_http_idempotency_conn_write(ngx_event_t *wev)
 
 /*
  * Reads until the socket is empty, feeding the reader after every read and
- * handing each complete reply to redis.c, which may close the node.
+ * handing each complete reply to node.c, which may close the node.
  */
 
 static void
@@ -798,7 +798,7 @@ ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
 
 
 /*
- * Closes the connection, cancels a resolve, and lets redis.c give a NULL
+ * Closes the connection, cancels a resolve, and lets node.c give a NULL
  * reply to every command sent or queued and plan the next connect.
  */
 

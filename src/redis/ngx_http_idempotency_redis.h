@@ -28,6 +28,10 @@
 /* from this size a bulk string is read in place (input.c) */
 #define NGX_HTTP_IDEMPOTENCY_BULK_MIN       16384
 
+/* a node's reconnect backoff, ms: doubled on each failure up to the max */
+#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN    10
+#define NGX_HTTP_IDEMPOTENCY_BACKOFF_MAX    500
+
 
 /*
  * One argument of a command, a string literal, with its length taken from
@@ -64,7 +68,7 @@ typedef struct ngx_http_idempotency_shard_s  ngx_http_idempotency_shard_t;
 
 /*
  * A topology: how a target finds its nodes, routes its commands and
- * follows its changes.  Standalone (redis.c), a Sentinel-managed master
+ * follows its changes.  Standalone (target.c), a Sentinel-managed master
  * and its Sentinels (sentinel.c) and Cluster (cluster.c) each fill one;
  * the client calls through it and never asks which one a target has.  A
  * NULL handler is not called.
@@ -140,7 +144,7 @@ typedef struct {
 
 
 /*
- * One connection to one Redis server (conn.c moves the bytes, redis.c the
+ * One connection to one Redis server (conn.c moves the bytes, node.c the
  * commands).  A backend has one node today; a cluster would have one per
  * shard master, each with its own FIFO of sent commands.
  */
@@ -329,7 +333,7 @@ struct ngx_http_idempotency_op_s {
     size_t                           rkey_len;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
 
-    /* redis.c: the command as sent, when resend is set */
+    /* node.c: the command as sent, when resend is set */
     size_t                           cmd_len;
     u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
 
@@ -343,9 +347,9 @@ struct ngx_http_idempotency_op_s {
     unsigned                         asking:1;   /* sent after ASKING */
 
     /*
-     * a store or release keeps its command in buf; redis.c sends it again
-     * once after a lost connection (again), and by EVAL of the script's
-     * text after a NOSCRIPT to its EVALSHA (script)
+     * a store or release keeps its command in buf; node.c sends it again
+     * once after a lost connection (again), and resp.c by EVAL of the
+     * script's text after a NOSCRIPT to its EVALSHA (script)
      */
     ngx_str_t                       *script;
     unsigned                         again:1;
@@ -437,8 +441,7 @@ extern ngx_http_idempotency_topology_t
     ngx_http_idempotency_sentinels_topology;
 extern ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology;
 
-/* redis.c */
-ngx_uint_t ngx_http_idempotency_redis_forbidden(redisReply *reply);
+/* target.c: a target in a worker, the standalone topology */
 ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis);
@@ -453,18 +456,20 @@ void ngx_http_idempotency_redis_node_exit(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_node_load_script(
     ngx_http_idempotency_redis_t *redis);
-ngx_http_idempotency_op_t *ngx_http_idempotency_op_alloc(
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
 ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
-void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_ops_done(void);
 ngx_int_t ngx_http_idempotency_redis_master(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
     ngx_http_idempotency_node_t **node);
+
+/* node.c: a node's ops, FIFO, timers and reconnect */
+ngx_http_idempotency_op_t *ngx_http_idempotency_op_alloc(
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
+void ngx_http_idempotency_ops_done(void);
+void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply);
 void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
@@ -474,14 +479,26 @@ ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
-void ngx_http_idempotency_node_load_script(
-    ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op);
+void ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node);
+
+/* handshake.c: what a new connection asks first, and its replies */
+ngx_uint_t ngx_http_idempotency_redis_forbidden(redisReply *reply);
+void ngx_http_idempotency_node_load_script(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_redis_handshake(
+    ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_ask_handler(ngx_event_t *ev);
+
+/* resp.c: commands as RESP bytes, and EVALSHA rewritten into EVAL */
 size_t ngx_http_idempotency_format_len(int argc, const size_t *argvlen);
 u_char *ngx_http_idempotency_decimal(u_char *p, size_t n);
 u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
+ngx_int_t ngx_http_idempotency_node_noscript(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
 
 /* sentinel.c: the master of a Redis Sentinel setup */
 ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(

@@ -7,7 +7,7 @@
  * Sentinel: on every connect it asks for the master and subscribes to
  * +switch-master; it is reopened every 10 s (messages are lost while it is
  * down), and at once, throttled, when the master is lost, answers
- * READONLY or says in ROLE that it is no master.  redis.c routes every
+ * READONLY or says in ROLE that it is no master.  target.c routes every
  * command to the node; only its address changes.
  */
 
@@ -458,7 +458,7 @@ ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
 
 
 /*
- * At the end of redis.c's handshake (AUTH, SELECT, CLIENT SETNAME): the
+ * At the end of handshake.c's handshake (AUTH, SELECT, CLIENT SETNAME): the
  * master is asked for its ROLE, and NGX_OK lets SCRIPT LOAD follow; a
  * Sentinel is asked for the master and subscribed, and NGX_DONE means
  * that nothing follows.
@@ -528,7 +528,7 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_node_t *node,
 
 
 /*
- * Every reply, before redis.c matches it to a command: a +switch-master
+ * Every reply, before node.c matches it to a command: a +switch-master
  * message on the Sentinel connection is taken here (NGX_DONE); READONLY
  * from the master means that it was demoted: the Sentinels are asked
  * again, and the command gets the error.
@@ -942,7 +942,7 @@ ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
 
 
 /*
- * The end of a connection (after redis.c planned the next): a Sentinel
+ * The end of a connection (after node.c planned the next): a Sentinel
  * that gave no usable answer, or one that turned out wrong, is followed
  * by the next one; a lost master makes the Sentinels be asked again.
  */

@@ -4,7 +4,7 @@
  *
  * Sharded Pub/Sub on nginx's event loop.  A subscriber is made per target
  * and per worker by whoever wants its channels: per standalone or Sentinel
- * target one connection (a node of redis.c in subscribed mode), one
+ * target one connection (a node of node.c in subscribed mode), one
  * SSUBSCRIBE per event loop turn with every channel newly wanted.  On a
  * cluster a message goes out on the shard of the channel's slot: one
  * connection per master that owns a wanted channel's slot (made on
@@ -120,7 +120,7 @@ ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node)
 
 /*
  * With Sentinels, the subscriber goes to the master the Sentinels named
- * last, as redis.c's node does; a demoted master does not deliver what its
+ * last, as node.c's node does; a demoted master does not deliver what its
  * new master publishes, so an owner that still waits and finds the master
  * switched (subscribe_again) closes the subscriber, and it comes here
  * again.
@@ -727,7 +727,7 @@ ngx_http_idempotency_subscriber_reset(ngx_http_idempotency_subscriber_t *n,
 
 /*
  * Replies on the subscriber node: confirmations and messages are taken
- * here (NGX_DONE); the handshake's replies go to redis.c (NGX_DECLINED).
+ * here (NGX_DONE); the handshake's replies go to node.c (NGX_DECLINED).
  * An error to SSUBSCRIBE (Redis 6, an ACL) turns the subscriber off: its
  * owner is told, and gets on without it.
  */

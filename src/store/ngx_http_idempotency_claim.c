@@ -195,7 +195,7 @@ ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim)
  * older than Valkey 8.1 or Redis 8.4) a claim could be stored or released
  * by nobody's check: NGX_DECLINED, counted, and said at error once until
  * claims are allowed again.  Only a permission error marks scripting as
- * forbidden (redis.c), never a server that is loading or busy, and the
+ * forbidden (handshake.c), never a server that is loading or busy, and the
  * client asks again: an ACL that allows scripting again needs no reload.
  */
 

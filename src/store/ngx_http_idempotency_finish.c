@@ -81,7 +81,7 @@ ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
  * when f->value is NULL.  The script only acts if the key still holds our
  * own claim.  Fire and forget: the request does not wait for the reply,
  * and one that does not come sends it again (retry.c).  The script goes by
- * EVALSHA (by EVAL after a NOSCRIPT, redis.c); a large record is staged
+ * EVALSHA (by EVAL after a NOSCRIPT, resp.c); a large record is staged
  * first.
  */
 
