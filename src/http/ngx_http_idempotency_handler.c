@@ -59,7 +59,6 @@ static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
 static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_cleanup(void *data);
-static void ngx_http_idempotency_free_record(void *data);
 
 
 /* $idempotency_status, by status */
@@ -487,9 +486,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
          */
 
         if (kop->release_lost
-            && (reply == NULL
-                || reply->type == REDIS_REPLY_NIL
-                || ngx_http_idempotency_claim_own(reply, kop->claim)))
+            && ngx_http_idempotency_claim_maybe_won(reply, kop->claim))
         {
             ngx_http_idempotency_release_orphan(kop);
         }
@@ -526,125 +523,54 @@ static ngx_uint_t
 ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
-    u_char                         *data;
-    ngx_int_t                       rc;
-    ngx_pool_cleanup_t             *cln;
-    ngx_http_idempotency_record_t  *rec;
+    ngx_http_idempotency_answer_t  a;
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
 
-    if (reply == NULL) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: redis \"%V\" connection lost",
-                      &ctx->redis->name);
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    }
+    a.rkey = &ctx->rkey;
+    a.claim = ctx->claim;
+    a.mode = &ctx->claim_mode;
+    a.keys = ctx->conf->encrypt_keys;
+    a.sent_at = ctx->sent_at;
+    a.margin = ctx->conf->lock_ttl / 3;
+    a.pool = r->pool;
+    a.log = r->connection->log;
+    a.record = &ctx->record;
+    a.status = &ctx->unknown_status;
+    a.seen = ctx->seen;
 
-    switch (ngx_http_idempotency_claim_result(ctx->redis, &ctx->claim_mode,
-                                              reply, ctx->claim,
-                                              r->connection->log))
-    {
-    case NGX_OK:
+    switch (ngx_http_idempotency_claim_answer(ctx->redis, reply, &a)) {
+
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_NEW:
         return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
 
-    case NGX_AGAIN:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_AGAIN:
         /* refused as sent: claimed again, the way the server takes */
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
         return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
 
-    case NGX_DECLINED:
-        break;
-
-    default:
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    }
-
-    /*
-     * the reply is freed after this callback: a large record is taken from
-     * it, to be freed with the request, a small one copied
-     */
-
-    if (reply->len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
-        cln = ngx_pool_cleanup_add(r->pool, 0);
-        if (cln == NULL) {
-            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        }
-
-        data = (u_char *) reply->str;
-        reply->str = NULL;
-
-        cln->handler = ngx_http_idempotency_free_record;
-        cln->data = data;
-
-    } else {
-        data = ngx_pnalloc(r->pool, reply->len);
-        if (data == NULL) {
-            return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        }
-
-        ngx_memcpy(data, reply->str, reply->len);
-    }
-
-    rec = &ctx->record;
-
-    /* a sealed record is opened in place, or refused as a Redis error */
-
-    rc = ngx_http_idempotency_crypt_open(ctx->conf->encrypt_keys,
-                                         r->connection->log, &ctx->rkey,
-                                         data, reply->len, rec);
-    if (rc == NGX_ERROR) {
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    }
-
-    if (rc == NGX_DECLINED
-        && ngx_http_idempotency_record_decode(data, reply->len, rec)
-           != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: corrupt record in redis \"%V\" "
-                      "at \"%V\" (%uz bytes)",
-                      &ctx->redis->name, &ctx->rkey, (size_t) reply->len);
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    }
-
-    if (ngx_memcmp(rec->fingerprint,
-                   ngx_http_idempotency_head_fingerprint(ctx->claim),
-                   NGX_HTTP_IDEMPOTENCY_HASH_LEN)
-        != 0)
-    {
-        return NGX_HTTP_IDEMPOTENCY_GO_MISMATCH;
-    }
-
-    switch (rec->state) {
-
-    case NGX_HTTP_IDEMPOTENCY_REC_DONE:
-    case NGX_HTTP_IDEMPOTENCY_REC_DONE_TRAILERS:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_REPLAY:
         return NGX_HTTP_IDEMPOTENCY_GO_REPLAY;
 
-    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_TOO_LARGE:
         return NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE;
 
-    default: /* NGX_HTTP_IDEMPOTENCY_REC_CLAIM */
-        break;
-    }
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_MISMATCH:
+        return NGX_HTTP_IDEMPOTENCY_GO_MISMATCH;
 
-    switch (ngx_http_idempotency_lease_read(data, &ctx->unknown_status,
-                                            ctx->sent_at,
-                                            ctx->conf->lock_ttl / 3))
-    {
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT:
+        return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
 
-    case NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_EXPIRED:
         /* its owner is gone after it may have run: never a free key */
         ctx->expired = 1;
-
-        /* fall through */
-
-    case NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN:
-        ngx_memcpy(ctx->seen, data, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
         return NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN;
 
-    default:
-        return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_UNKNOWN:
+        return NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR */
+        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
     }
 }
 
@@ -768,7 +694,8 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     kop = ngx_http_idempotency_key_op(op);
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
-    took = ngx_http_idempotency_take_result(reply);
+    took = ngx_http_idempotency_take_result(op->redis, reply,
+                                            r ? r->connection->log : NULL);
 
     if (r == NULL) {
         if (kop->release_lost && (reply == NULL || took == NGX_OK)) {
@@ -807,12 +734,6 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     } else {
         if (reply == NULL) {
             ngx_http_idempotency_take_lost(kop);
-
-        } else {
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "idempotency: redis \"%V\" error: %*s",
-                          &ctx->redis->name, (size_t) reply->len,
-                          reply->str);
         }
 
         ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
@@ -902,7 +823,7 @@ ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
     ngx_str_t                       info;
     ngx_http_idempotency_key_op_t  *kop;
 
-    if (ngx_http_idempotency_take_result(reply) != NGX_OK) {
+    if (ngx_http_idempotency_take_result(op->redis, reply, NULL) != NGX_OK) {
         /* another request wrote it first, or it is read again next time */
         return;
     }
@@ -1300,13 +1221,4 @@ ngx_http_idempotency_cleanup(void *data)
      */
 
     ngx_http_idempotency_give_up(r, ctx);
-}
-
-
-/* a large record taken from its reply (decide) */
-
-static void
-ngx_http_idempotency_free_record(void *data)
-{
-    ngx_free(data);
 }

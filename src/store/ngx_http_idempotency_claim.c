@@ -27,7 +27,7 @@ static ngx_str_t  ngx_http_idempotency_touch_script = ngx_string(
  * untouched.  Redis >= 7.0 and Valkey: SET NX GET PX, one native command;
  * 6.2 refuses NX with GET, and the claim script does the same, by SHA
  * (mode EVALSHA), or by its text after a NOSCRIPT (mode EVAL).  *mode is
- * the request's own (0 at first); claim_result() moves it on.
+ * the request's own (0 at first); answer.c moves it on.
  */
 
 ngx_int_t
@@ -106,75 +106,6 @@ ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
 
 
 /*
- * A claim's reply: NGX_OK claimed (nil, or this claim itself, sent again
- * after a broken connection, found); NGX_DECLINED a record is there, the
- * reply's string; NGX_AGAIN refused the way it was sent, to be sent again
- * (*mode moved on); NGX_ERROR an error, logged.
- */
-
-ngx_int_t
-ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
-    ngx_uint_t *mode, redisReply *reply, u_char *claim, ngx_log_t *log)
-{
-    switch (reply->type) {
-
-    case REDIS_REPLY_NIL:
-        return NGX_OK;
-
-    case REDIS_REPLY_STRING:
-        return ngx_http_idempotency_claim_own(reply, claim) ? NGX_OK
-                                                            : NGX_DECLINED;
-
-    case REDIS_REPLY_ERROR:
-        /* "ERR syntax error": not LOADING, BUSY or another passing state */
-
-        if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET
-            && ngx_http_idempotency_reply_is(reply, "ERR ")
-            && ngx_strlcasestrn((u_char *) reply->str,
-                                (u_char *) reply->str + reply->len,
-                                (u_char *) "syntax", 6 - 1)
-               != NULL)
-        {
-            /*
-             * Redis 6.2: no NX with GET; the script from now on.  Claims
-             * already pipelined meet the same refusal: one notice is enough.
-             */
-
-            if (!redis->nx_get_refused) {
-                ngx_log_error(NGX_LOG_NOTICE, log, 0,
-                              "idempotency: redis \"%V\" refuses SET NX GET, "
-                              "claiming with a script", &redis->name);
-                redis->nx_get_refused = 1;
-            }
-
-            *mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA;
-            return NGX_AGAIN;
-        }
-
-        if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_EVALSHA
-            && ngx_http_idempotency_reply_is(reply, "NOSCRIPT"))
-        {
-            /* SCRIPT FLUSH or a failover: send the script itself */
-            ngx_http_idempotency_redis_load_script(redis);
-            *mode = NGX_HTTP_IDEMPOTENCY_CLAIM_EVAL;
-            return NGX_AGAIN;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: redis \"%V\" error: %*s",
-                      &redis->name, (size_t) reply->len, reply->str);
-        return NGX_ERROR;
-
-    default:
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "idempotency: unexpected redis reply type %d",
-                      reply->type);
-        return NGX_ERROR;
-    }
-}
-
-
-/*
  * this request's own lease, owner included: only this request wrote it (a
  * claim sent again after a broken connection carries the same bytes)
  */
@@ -186,6 +117,20 @@ ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim)
            && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
            && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2)
               == 0;
+}
+
+
+/*
+ * A claim whose request went away before its reply: whether it may have
+ * won (no reply, nil, or itself found), so that it must be released.
+ */
+
+ngx_uint_t
+ngx_http_idempotency_claim_maybe_won(redisReply *reply, u_char *claim)
+{
+    return reply == NULL
+           || reply->type == REDIS_REPLY_NIL
+           || ngx_http_idempotency_claim_own(reply, claim);
 }
 
 
@@ -273,11 +218,12 @@ ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
 /*
  * A take's reply: NGX_OK taken (the script's 1, SET's OK), NGX_DECLINED
  * the key holds something else now (0, nil), NGX_ERROR no reply or an
- * error
+ * error (logged when there is a log: a request that went away has none)
  */
 
 ngx_int_t
-ngx_http_idempotency_take_result(redisReply *reply)
+ngx_http_idempotency_take_result(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply, ngx_log_t *log)
 {
     if (reply == NULL) {
         return NGX_ERROR;
@@ -289,15 +235,26 @@ ngx_http_idempotency_take_result(redisReply *reply)
         return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
 
     case REDIS_REPLY_STATUS:
-        return (reply->len == 2 && ngx_strncmp(reply->str, "OK", 2) == 0)
-               ? NGX_OK : NGX_ERROR;
+        if (reply->len == 2 && ngx_strncmp(reply->str, "OK", 2) == 0) {
+            return NGX_OK;
+        }
+
+        break;
 
     case REDIS_REPLY_NIL:
         return NGX_DECLINED;
 
     default:
-        return NGX_ERROR;
+        break;
     }
+
+    if (log) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: redis \"%V\" error: %*s",
+                      &redis->name, (size_t) reply->len, reply->str);
+    }
+
+    return NGX_ERROR;
 }
 
 

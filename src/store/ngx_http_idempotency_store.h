@@ -184,6 +184,35 @@ typedef struct {
 } ngx_http_idempotency_record_t;
 
 
+/* what a claim's reply says (answer.c) */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_NEW        0   /* the claim won */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_AGAIN      1   /* claim again, *mode */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_REPLAY     2   /* completed: record */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_TOO_LARGE  3
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_MISMATCH   4   /* another request's */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT   5   /* in progress */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_UNKNOWN    6   /* may have run: status */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_EXPIRED    7   /* unknown: owner gone */
+#define NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR      8   /* logged */
+
+
+/* a claim's reply read for its request: what that takes, where it goes */
+typedef struct {
+    ngx_str_t                       *rkey;
+    u_char                          *claim;      /* the request's own */
+    ngx_uint_t                      *mode;       /* as sent; moved on */
+    ngx_array_t                     *keys;       /* opening sealed records */
+    uint64_t                         sent_at;    /* reading a lease */
+    ngx_msec_t                       margin;
+    ngx_pool_t                      *pool;       /* the record's memory */
+    ngx_log_t                       *log;
+
+    ngx_http_idempotency_record_t   *record;     /* found: decoded */
+    ngx_uint_t                      *status;     /* unknown: its status */
+    u_char                          *seen;       /* unknown: its head */
+} ngx_http_idempotency_answer_t;
+
+
 /* a store, an unknown outcome or a release: what finish_key() sends */
 typedef struct {
     ngx_str_t                        rkey;
@@ -318,21 +347,26 @@ ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_alloc(
 ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_copy(
     ngx_http_idempotency_key_op_t *from);
 
+/* answer.c: what a claim's reply means for its request */
+ngx_uint_t ngx_http_idempotency_claim_answer(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply,
+    ngx_http_idempotency_answer_t *a);
+
 /* claim.c: the claim, and the take-over of an unknown outcome */
 ngx_int_t ngx_http_idempotency_claim_command(
     ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
     ngx_msec_t ttl, ngx_uint_t *mode);
-ngx_int_t ngx_http_idempotency_claim_result(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *mode, redisReply *reply,
-    u_char *claim, ngx_log_t *log);
 ngx_uint_t ngx_http_idempotency_claim_own(redisReply *reply, u_char *claim);
+ngx_uint_t ngx_http_idempotency_claim_maybe_won(redisReply *reply,
+    u_char *claim);
 ngx_int_t ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
     ngx_str_t *key, u_char *value, size_t len, ngx_msec_t ttl);
 ngx_int_t ngx_http_idempotency_claim_allowed(
     ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl);
-ngx_int_t ngx_http_idempotency_take_result(redisReply *reply);
+ngx_int_t ngx_http_idempotency_take_result(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply, ngx_log_t *log);
 void ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_str_t *rkey, u_char *value, size_t len, u_char *expected);
 int ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
