@@ -81,7 +81,7 @@ size_t  ngx_http_idempotency_op_size = sizeof(ngx_http_idempotency_op_t);
 ngx_str_t   *ngx_http_idempotency_redis_scripts;
 ngx_uint_t   ngx_http_idempotency_redis_nscripts;
 
-/* nobody listens until metrics.c does */
+/* nobody listens until metrics_events.c does */
 ngx_http_idempotency_redis_events_t  ngx_http_idempotency_redis_events = {
     ngx_http_idempotency_no_event,
     ngx_http_idempotency_no_event,
