@@ -397,12 +397,111 @@ void ngx_http_idempotency_keep_done(ngx_http_request_t *r,
 ngx_uint_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 
-/* metrics.c */
+/*
+ * The metrics' shared memory zone (metrics.c), which metrics_events.c
+ * counts into and metrics_render.c reads
+ */
+
+/* names per configuration (and zone=""); the table holds an old and a new */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_ZONES     64
+#define NGX_HTTP_IDEMPOTENCY_METRICS_REDIS     64
+#define NGX_HTTP_IDEMPOTENCY_METRICS_SLOTS                                    \
+    (2 * (NGX_HTTP_IDEMPOTENCY_METRICS_ZONES + 1                              \
+          + NGX_HTTP_IDEMPOTENCY_METRICS_REDIS))
+#define NGX_HTTP_IDEMPOTENCY_METRICS_NAME_MAX  64
+
+/* cluster masters with a series of their own, for all targets together */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS   64
+#define NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN                               \
+    (NGX_SOCKADDR_STRLEN + NGX_HTTP_IDEMPOTENCY_METRICS_NAME_MAX)
+
+/* the values of $idempotency_status, bypass to unknown */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES  9
+#define NGX_HTTP_IDEMPOTENCY_METRICS_RESULTS   4
+#define NGX_HTTP_IDEMPOTENCY_METRICS_COUNTS                                   \
+    (NGX_HTTP_IDEMPOTENCY_METRICS_STATUSES                                    \
+     + NGX_HTTP_IDEMPOTENCY_METRICS_RESULTS)
+#define NGX_HTTP_IDEMPOTENCY_METRICS_BUCKETS   11
+#define NGX_HTTP_IDEMPOTENCY_METRICS_LE                                       \
+    (NGX_HTTP_IDEMPOTENCY_METRICS_BUCKETS + 1)
+
+/* counters of a server slot */
+#define NGX_HTTP_IDEMPOTENCY_METRICS_UP        0
+#define NGX_HTTP_IDEMPOTENCY_METRICS_RECONNECTS  1
+#define NGX_HTTP_IDEMPOTENCY_METRICS_REFUSED   2
+#define NGX_HTTP_IDEMPOTENCY_METRICS_SERVER_COUNTS  3
+
+/* a zone slot's stores by result, counted after its requests by status */
+#define NGX_HTTP_IDEMPOTENCY_STORE_STORED      0
+#define NGX_HTTP_IDEMPOTENCY_STORE_TOO_LARGE   1
+#define NGX_HTTP_IDEMPOTENCY_STORE_RELEASED    2
+#define NGX_HTTP_IDEMPOTENCY_STORE_FAILED      3
+
+
+typedef struct {
+    uint32_t             kind;
+    uint32_t             hash;       /* crc32 of the name */
+    size_t               len;
+    /* zone: requests by status, then stores by result; server: up, ... */
+    ngx_atomic_t         count[NGX_HTTP_IDEMPOTENCY_METRICS_COUNTS];
+} ngx_http_idempotency_metrics_slot_t;
+
+
+/*
+ * A cluster master in some worker's slot map: refs counts the workers that
+ * have it there (a reload's old and new workers alike), and a free entry
+ * has none; up is the last connection event of any worker.
+ */
+typedef struct {
+    ngx_atomic_t         refs;
+    ngx_atomic_t         up;
+    uint32_t             target;     /* crc32 of the target's name */
+    uint32_t             target_len;
+    size_t               len;
+    u_char               name[NGX_HTTP_IDEMPOTENCY_METRICS_MASTER_LEN];
+} ngx_http_idempotency_metrics_master_t;
+
+
+typedef struct {
+    ngx_atomic_t         claims_lost;
+    /* records that became unknown outcomes, by cause (1 to 3) */
+    ngx_atomic_t         unknown[NGX_HTTP_IDEMPOTENCY_CAUSES];
+    ngx_atomic_t         fresh_keys;
+    /* claim round trips per bucket (not cumulative), the last above 1s */
+    ngx_atomic_t         latency[NGX_HTTP_IDEMPOTENCY_METRICS_LE];
+    ngx_atomic_t         latency_usec;
+    ngx_http_idempotency_metrics_slot_t
+                         slots[NGX_HTTP_IDEMPOTENCY_METRICS_SLOTS];
+
+    /* taken by workers at run time: under the lock */
+    ngx_atomic_t         masters_lock;
+    ngx_http_idempotency_metrics_master_t
+                         masters[NGX_HTTP_IDEMPOTENCY_METRICS_MASTERS];
+} ngx_http_idempotency_metrics_shm_t;
+
+
+typedef struct {
+    ngx_http_idempotency_metrics_shm_t   *sh;
+    ngx_http_idempotency_main_conf_t     *imcf;
+    ngx_array_t                           zones;     /* ngx_str_t, by id */
+    ngx_http_idempotency_metrics_slot_t **zone_slots;    /* by zone id */
+    ngx_http_idempotency_metrics_slot_t **server_slots;  /* by server */
+    u_char                               *server_seen;   /* per worker */
+} ngx_http_idempotency_metrics_conf_t;
+
+
+/* metrics.c: the shared zone, its slots, the directives */
 char *ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_idempotency_metrics_init(ngx_conf_t *cf);
+ngx_http_idempotency_metrics_conf_t *ngx_http_idempotency_metrics_get_conf(
+    void);
+
+/* metrics_events.c: what is counted */
+void ngx_http_idempotency_metrics_events_init(void);
+ngx_int_t ngx_http_idempotency_metrics_log(ngx_http_request_t *r);
 void ngx_http_idempotency_metrics_claim_sent(
     ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_metrics_claim_done(
@@ -410,6 +509,9 @@ void ngx_http_idempotency_metrics_claim_done(
 void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
 void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_fresh_key(void);
+
+/* metrics_render.c: the scrape */
+ngx_int_t ngx_http_idempotency_metrics_handler(ngx_http_request_t *r);
 
 /* wait.c: WAIT or WAITAOF, replicas acknowledge a claim or a store */
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,

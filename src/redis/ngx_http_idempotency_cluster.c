@@ -40,7 +40,7 @@ typedef struct {
     ngx_http_idempotency_node_t      node;       /* first: a node_t * */
     ngx_http_idempotency_cluster_t  *cluster;
     ngx_uint_t                       index;
-    void                            *metric;     /* in the map: metrics.c */
+    void                            *metric;     /* master_add(): in the map */
     unsigned                         master:1;   /* wanted: reconnected */
 } ngx_http_idempotency_cnode_t;
 

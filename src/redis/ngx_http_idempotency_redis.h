@@ -408,9 +408,9 @@ struct ngx_http_idempotency_subscriber_s {
 
 
 /*
- * What the client tells the layers above of its targets (metrics.c counts
- * them), set at configuration; by default nobody listens.  A cluster
- * master's entry is whatever master_add() returned.
+ * What the client tells the layers above of its targets
+ * (metrics_events.c counts them), set at configuration; by default nobody
+ * listens.  A cluster master's entry is whatever master_add() returned.
  */
 typedef struct {
     void                          (*up)(ngx_http_idempotency_redis_t *redis);

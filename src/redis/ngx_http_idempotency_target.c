@@ -22,7 +22,7 @@ static void ngx_http_idempotency_no_master_del(void *entry);
 static void ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up);
 
 
-/* nobody listens until metrics.c does */
+/* nobody listens until metrics_events.c does */
 ngx_http_idempotency_redis_events_t  ngx_http_idempotency_redis_events = {
     ngx_http_idempotency_no_event,
     ngx_http_idempotency_no_event,

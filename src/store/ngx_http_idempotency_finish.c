@@ -66,7 +66,7 @@ static void ngx_http_idempotency_no_claim_refused(
     ngx_http_idempotency_redis_t *redis);
 
 
-/* nobody counts until metrics.c does */
+/* nobody counts until metrics_events.c does */
 ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
     ngx_http_idempotency_no_sent,
     ngx_http_idempotency_no_done,

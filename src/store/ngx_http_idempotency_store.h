@@ -288,9 +288,9 @@ void ngx_http_idempotency_build_too_large(u_char *buf, u_char *head,
     ngx_uint_t status);
 
 /*
- * What the store tells whoever counts its finishes (metrics.c): a finish
- * sent, its reply, one that could not be sent, and an outcome that became
- * unknown because a finish was never acknowledged; nobody by default
+ * What the store tells whoever counts its finishes (metrics_events.c): a
+ * finish sent, its reply, one that could not be sent, and an outcome that
+ * became unknown because a finish was never acknowledged; nobody by default
  */
 typedef struct {
     void                           (*sent)(ngx_http_idempotency_key_op_t *kop,
