@@ -40,6 +40,14 @@ my @breaches = (
      "static int f(ngx_http_idempotency_redis_t *redis) { return redis->seeds != NULL; }\n",
      qr/node\.c:\d+ asks the topology/,
      'the client asks which topology'],
+    ['http/ngx_http_idempotency_reply.c',
+     "static int f(u_char *head) { return head[4] == 2; }\n",
+     qr/reply\.c:\d+ reads a record's bytes/,
+     'http/ reads a record head\'s state byte'],
+    ['http/ngx_http_idempotency_admin.c',
+     "static int f(u_char *p) { return ngx_memcmp(p, NGX_HTTP_IDEMPOTENCY_MAGIC, 4); }\n",
+     qr/admin\.c:\d+ reads a record's bytes/,
+     'http/ checks the magic itself'],
 );
 
 for my $b (@breaches) {

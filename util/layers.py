@@ -12,7 +12,11 @@ below, never one above:
      ngx_http_core_*), no loc conf or request ctx of the module;
   4. a topology is a table of functions: outside the topologies' own files
      (sentinel.c, cluster.c), no code asks which topology a target is
-     (->seeds, ->sentinel) to decide what to do.
+     (->seeds, ->sentinel) to decide what to do;
+  5. the record's bytes are the store's: outside store/, no code names the
+     format's internals (the magic, the owner's length, the lease mark) or
+     a head's byte offsets; it reads a record through store.h's accessors
+     and writes one through build.c.
 
 Comments and string literals are not read.  Prints one line per breach and
 exits 1; prints a summary and exits 0 when the layers hold.
@@ -38,6 +42,9 @@ REQUEST = re.compile(r'ngx_http_request_t|<ngx_http\.h>|ngx_http_conf_get_'
 SHARED = ('ngx_http_idempotency_module', 'ngx_http_idempotency_version.h')
 
 TOPOLOGY = re.compile(r'(?:redis|\])->(?:seeds|sentinel)\b')
+FORMAT = re.compile(r'NGX_HTTP_IDEMPOTENCY_(?:MAGIC|OWNER_LEN|LEASE_MARK)\b'
+                    r'|(?<!\.)\b(?:claim|seen|head|value|rec|data)'
+                    r'\s*(?:\[\s*4\s*\]|\+\s*5\b)')
 FUNC = re.compile(r'^(ngx_http_idempotency_\w+)\(', re.M)
 VAR = re.compile(r'^(?!static|extern|typedef)[a-z_][\w ]*[ *]'
                  r'(ngx_http_idempotency_\w+)(?:\[[^]]*\])? *[=;]', re.M)
@@ -119,7 +126,8 @@ def main():
                 breaches.append('%s names %s, which %s (a higher layer) '
                                 'defines' % (path, word, where))
 
-    # 3. the lower layers see no request; 4. no topology tests
+    # 3. the lower layers see no request; 4. no topology tests; 5. no
+    # record bytes outside the store
     for path, text in sorted(code.items()):
         for n, line in enumerate(text.split('\n'), 1):
             if rank(path) <= 1 and REQUEST.search(line):
@@ -127,6 +135,9 @@ def main():
                                 % (path, n, line.strip()))
             if path not in TOPOLOGIES and TOPOLOGY.search(line):
                 breaches.append('%s:%d asks the topology: %s'
+                                % (path, n, line.strip()))
+            if rank(path) != 1 and FORMAT.search(line):
+                breaches.append('%s:%d reads a record\'s bytes: %s'
                                 % (path, n, line.strip()))
 
     for b in breaches:

@@ -176,11 +176,10 @@ ngx_http_idempotency_metrics_store_sent(
     ngx_http_idempotency_key_op_t *kop, u_char *value)
 {
     kop->zone = ngx_http_idempotency_metrics_next_zone;
-    kop->too_large = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
-
-    /* an unknown outcome: a claim-shaped record, its cause in the token */
-    kop->cause = (value && value[4] == NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
-                 ? value[NGX_HTTP_IDEMPOTENCY_OWNER_LEN + 2] : 0;
+    kop->too_large = (value
+                      && ngx_http_idempotency_head_state(value)
+                         == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
+    kop->cause = value ? ngx_http_idempotency_lease_cause(value) : 0;
 }
 
 

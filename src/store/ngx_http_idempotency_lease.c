@@ -106,6 +106,24 @@ ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
 
 
 /*
+ * Why a finish's value is an unknown outcome (CAUSE_*), for its count; 0
+ * for a value that is none (a completed record, a too-large marker)
+ */
+
+ngx_uint_t
+ngx_http_idempotency_lease_cause(u_char *value)
+{
+    if (ngx_http_idempotency_head_state(value)
+        != NGX_HTTP_IDEMPOTENCY_REC_CLAIM)
+    {
+        return 0;
+    }
+
+    return value[NGX_HTTP_IDEMPOTENCY_WORD_AT];
+}
+
+
+/*
  * What a claim record says: a format 1 lock, a live lease, an expired one
  * (the owner is presumed dead: 502) or an unknown outcome with its status.
  * A token that does not parse as format 2 is a format 1 lock: its bytes

@@ -513,6 +513,7 @@ void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
 ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
     uint64_t at, ngx_msec_t margin);
 uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
+ngx_uint_t ngx_http_idempotency_lease_cause(u_char *value);
 ngx_int_t ngx_http_idempotency_lease_renew(
     ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
     ngx_msec_t lock_ttl, ngx_msec_t ttl);
