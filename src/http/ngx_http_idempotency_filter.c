@@ -3,8 +3,8 @@
  * Copyright (C) The ngx_http_idempotency_module authors
  *
  * Capture of the owner's response while it streams to the client, and
- * what becomes of the claim: stored, an unknown outcome, or released (the
- * finish itself is store/finish.c's).
+ * which end its claim takes: stored, too large, an unknown outcome, or
+ * released (end.c ends it).
  */
 
 
@@ -604,103 +604,6 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
 
     ngx_http_idempotency_finish(ctx, buf, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN,
                                 ctx->conf->ttl, r->connection->log);
-}
-
-
-void
-ngx_http_idempotency_release(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    if (ctx->took_over) {
-        /*
-         * It took over a key that may have run: whatever this request did
-         * or did not, the key never becomes free again (the model found a
-         * taker's release letting a third request run without the header)
-         */
-        ngx_http_idempotency_unknown(r, ctx, NGX_HTTP_BAD_GATEWAY);
-        return;
-    }
-
-    ngx_http_idempotency_finish(ctx, NULL, 0, 0, r->connection->log);
-}
-
-
-void
-ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx, u_char *value,
-    size_t len, ngx_msec_t ttl, ngx_log_t *log)
-{
-    ngx_str_t                      info;
-    ngx_http_idempotency_finish_t  f;
-    u_char                         buf[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
-
-    if (ctx->finished) {
-        return;
-    }
-
-    ctx->finished = 1;
-    ctx->capturing = 0;
-
-    ngx_http_idempotency_lease_stop(ctx);
-
-    info.data = buf;
-    info.len = ngx_http_idempotency_request_info(ctx, buf) - buf;
-
-    f.rkey = ctx->rkey;
-    f.claim = ctx->claim;
-    f.value = value;
-    f.len = len;
-    f.ttl = ttl;
-    f.lease_end = ctx->lease_end;
-    f.info = &info;
-    f.orphan = 0;
-    f.immediate = ctx->conf->store_immediate;
-
-    ngx_http_idempotency_metrics_attribute(ctx->conf->metrics_zone);
-    ngx_http_idempotency_finish_key(ctx->redis, &f, log);
-
-    if (value) {
-        ngx_http_idempotency_wait_store(ctx, &info);
-    }
-}
-
-
-/*
- * What names the request in the log lines of its store or release, which
- * may come after nginx has freed it: the client, the request line, and
- * the key's hash (never the key).  buf holds INFO_LEN bytes.
- */
-
-u_char *
-ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
-    u_char *buf)
-{
-    u_char              *last;
-    ngx_str_t           *line;
-    ngx_http_request_t  *r;
-
-    r = ctx->request;
-    line = &ctx->request_line;
-    last = buf + NGX_HTTP_IDEMPOTENCY_INFO_LEN;
-
-    /*
-     * copied, not ngx_slprintf()ed: this runs for every store; the key
-     * hash and an address always fit, the line is cut to fit, and the
-     * closing quote always goes in
-     */
-
-    buf = ngx_cpymem(buf, "key hash ", sizeof("key hash ") - 1);
-    buf = ngx_cpymem(buf, ngx_http_idempotency_key_hash(ctx),
-                     2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN);
-    buf = ngx_cpymem(buf, ", client: ", sizeof(", client: ") - 1);
-    buf = ngx_cpymem(buf, r->connection->addr_text.data,
-                     ngx_min(r->connection->addr_text.len,
-                             (size_t) NGX_SOCKADDR_STRLEN));
-    buf = ngx_cpymem(buf, ", request: \"", sizeof(", request: \"") - 1);
-    buf = ngx_cpymem(buf, line->data,
-                     ngx_min(line->len, (size_t) (last - buf - 1)));
-    *buf++ = '"';
-
-    return buf;
 }
 
 

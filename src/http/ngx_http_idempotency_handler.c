@@ -17,7 +17,6 @@
 
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_redirected(
     ngx_http_request_t *r);
-static void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf);
 static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
@@ -38,12 +37,6 @@ static ngx_int_t ngx_http_idempotency_take_over(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static void ngx_http_idempotency_take_lost(
-    ngx_http_idempotency_key_op_t *kop);
-static void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
 static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -58,21 +51,6 @@ static ngx_int_t ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
 static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
 static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
-static void ngx_http_idempotency_cleanup(void *data);
-
-
-/* $idempotency_status, by status */
-ngx_str_t  ngx_http_idempotency_status_names[] = {
-    ngx_string("bypass"),
-    ngx_string("new"),
-    ngx_string("replay"),
-    ngx_string("conflict"),
-    ngx_string("mismatch"),
-    ngx_string("invalid"),
-    ngx_string("missing"),
-    ngx_string("error"),
-    ngx_string("unknown")
-};
 
 
 static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
@@ -165,38 +143,6 @@ ngx_http_idempotency_redirected(ngx_http_request_t *r)
     ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
 
     return ctx;
-}
-
-
-/*
- * The ctx lives in r->pool, registered as a pool cleanup, so the filters
- * and $idempotency_status find the newest one of the request even after
- * an internal redirect cleared r->ctx.
- */
-
-ngx_http_idempotency_ctx_t *
-ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
-{
-    ngx_pool_cleanup_t          *cln;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
-
-    if (ctx || !r->internal) {
-        return ctx;
-    }
-
-    for (cln = r->pool->cleanup; cln; cln = cln->next) {
-        if (cln->handler == ngx_http_idempotency_cleanup) {
-            ctx = cln->data;
-
-            if (ctx->request == r) {
-                return ctx;
-            }
-        }
-    }
-
-    return NULL;
 }
 
 
@@ -612,30 +558,6 @@ ngx_http_idempotency_claim_op(ngx_http_request_t *r,
 
 
 /*
- * A claim whose request never reached the upstream, and whose reply was
- * lost or came too late: released, owner-checked, and sent again until
- * Redis answers or its lease would have ended.
- */
-
-void
-ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop)
-{
-    ngx_http_idempotency_finish_t  f;
-
-    ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
-
-    f.rkey.data = kop->op.rkey;
-    f.rkey.len = kop->op.rkey_len;
-    f.claim = kop->claim;
-    f.lease_end = kop->lease_end;
-    f.orphan = 1;
-
-    ngx_http_idempotency_metrics_attribute(kop->zone);
-    ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);
-}
-
-
-/*
  * forward and release: the first retry that finds an unknown outcome (or
  * a dead owner's lease) takes the record over, atomically: only if it
  * still holds exactly what this request read.  A renewal or a store in
@@ -741,105 +663,6 @@ ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
     }
 
     ngx_http_idempotency_wake(r);
-}
-
-
-/*
- * A take whose reply was lost may have landed.  It took over a key that
- * may have run: under forward the key must never become free (the model
- * found a taker's release letting a third request run without the
- * header), so it goes back to an unknown outcome, owner-checked; under
- * release it is released like any lost claim.
- */
-
-static void
-ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop)
-{
-    ngx_http_idempotency_finish_t    f;
-    u_char                           value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-
-    if (!kop->forward) {
-        ngx_http_idempotency_release_orphan(kop);
-        return;
-    }
-
-    ngx_http_idempotency_lease_unknown(value, kop->claim, NGX_HTTP_BAD_GATEWAY,
-                                       NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM);
-
-    ngx_memzero(&f, sizeof(ngx_http_idempotency_finish_t));
-
-    f.rkey.data = kop->op.rkey;
-    f.rkey.len = kop->op.rkey_len;
-    f.claim = kop->claim;
-    f.value = value;
-    f.len = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
-    f.ttl = kop->ttl;
-    f.lease_end = kop->lease_end;
-
-    ngx_http_idempotency_metrics_attribute(kop->zone);
-    ngx_http_idempotency_finish_key(kop->op.redis, &f, kop->op.redis->log);
-}
-
-
-/*
- * keep: the first request that finds a dead owner's lease writes down what
- * is known, an unknown outcome (the owner's own bytes stay, so a late store
- * of a live but cut-off owner still lands).  Its answer does not wait.
- */
-
-static void
-ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    u_char                          value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-    ngx_http_idempotency_key_op_t  *kop;
-
-    if (ctx->conf->dry_run) {
-        return;
-    }
-
-    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
-    if (kop == NULL) {
-        return;
-    }
-
-    kop->op.handler = ngx_http_idempotency_owner_lost_done;
-    kop->info_len = ngx_http_idempotency_request_info(ctx, kop->info)
-                    - kop->info;
-
-    ngx_memcpy(value, ctx->seen, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-    ngx_http_idempotency_lease_unknown(value, ctx->seen, NGX_HTTP_BAD_GATEWAY,
-                                       NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
-
-    (void) ngx_http_idempotency_take_command(&kop->op, &ctx->rkey, ctx->seen,
-                                             value, ctx->conf->ttl);
-}
-
-
-static void
-ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_str_t                       info;
-    ngx_http_idempotency_key_op_t  *kop;
-
-    if (ngx_http_idempotency_take_result(op->redis, reply, NULL) != NGX_OK) {
-        /* another request wrote it first, or it is read again next time */
-        return;
-    }
-
-    kop = ngx_http_idempotency_key_op(op);
-
-    info.data = kop->info;
-    info.len = kop->info_len;
-
-    ngx_http_idempotency_metrics_unknown(
-                                       NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST);
-
-    ngx_log_error(NGX_LOG_ERR, op->redis->log, 0,
-                  "idempotency: outcome unknown: the claim's owner went away "
-                  "(its lease expired) after the request may have run; "
-                  "retries get outcome-unknown, %V", &info);
 }
 
 
@@ -1173,52 +996,3 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
 }
 
 
-/* a late reply finds no request; a claim it won is released then */
-
-static void
-ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
-{
-    if (ctx->op) {
-        ctx->op->op.data = NULL;
-        ctx->op = NULL;
-    }
-
-    ngx_http_idempotency_wait_detach(ctx);
-    ngx_http_idempotency_notify_unwatch(ctx);
-    ngx_http_idempotency_fresh_detach(ctx);
-
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
-    }
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
-}
-
-
-static void
-ngx_http_idempotency_cleanup(void *data)
-{
-    ngx_http_idempotency_ctx_t *ctx = data;
-
-    ngx_http_request_t  *r;
-
-    r = ctx->request;
-
-    ngx_http_idempotency_abandon(ctx);
-    ngx_http_idempotency_fingerprint_free(ctx);
-    ngx_http_idempotency_keep_done(r, ctx);
-    ngx_http_idempotency_lease_stop(ctx);
-
-    if (!ctx->owner || ctx->finished) {
-        return;
-    }
-
-    /*
-     * The owner ends without a stored response (the upstream timed out or
-     * reset after it got the request, the client went away and the
-     * capture could not finish, the worker shut down): if the operation
-     * may have run, its outcome is unknown; else the claim is released.
-     */
-
-    ngx_http_idempotency_give_up(r, ctx);
-}

@@ -268,15 +268,18 @@ void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx);
 
-/* handler.c */
+/* ctx.c: the request's ctx */
 extern ngx_str_t  ngx_http_idempotency_status_names[];   /* by status */
-ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
+void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_cleanup(void *data);
+
+/* handler.c */
+ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 void ngx_http_idempotency_wake(ngx_http_request_t *r);
 ngx_uint_t ngx_http_idempotency_header_lines(ngx_list_t *headers,
     ngx_str_t *name, ngx_table_elt_t **last);
-void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
 
 /*
  * A stored response with one of these statuses is final: its retries are
@@ -324,15 +327,9 @@ ngx_int_t ngx_http_idempotency_request_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
 /* filter.c */
-u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
-    u_char *buf);
 ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
-void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
-    u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
-void ngx_http_idempotency_release(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
 
 /* fresh.c: a new key per attempt */
 char *ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf,
@@ -384,9 +381,21 @@ void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_uint_t ngx_http_idempotency_outcome(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_uint_t *status);
+
+/* end.c: every end of a claim */
+void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
+    u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
+void ngx_http_idempotency_release(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_unknown(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status);
 void ngx_http_idempotency_give_up(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf);
+void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
+void ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop);
+void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 
 /* abort.c */
