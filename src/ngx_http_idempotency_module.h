@@ -12,6 +12,25 @@
 #include "ngx_http_idempotency_version.h"
 
 
+/* conf.c: the directives' values, their bounds, the nginx -t warnings */
+void ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf);
+char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post,
+    void *data);
+char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
+    void *data);
+size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
+char *ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
 /* version.c */
 ngx_int_t ngx_http_idempotency_init_module(ngx_cycle_t *cycle);
 

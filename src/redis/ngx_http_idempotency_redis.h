@@ -500,6 +500,13 @@ u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
 ngx_int_t ngx_http_idempotency_node_noscript(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
 
+/* target_conf.c: "idempotency_redis ..." into a target */
+ngx_http_idempotency_redis_t *ngx_http_idempotency_target_conf(ngx_conf_t *cf,
+    ngx_array_t *servers, ngx_uint_t can_tls);
+ngx_http_idempotency_redis_t *ngx_http_idempotency_target_add(ngx_conf_t *cf,
+    ngx_array_t *servers, ngx_str_t *addr, ngx_uint_t db, ngx_str_t *user,
+    ngx_str_t *password, ngx_uint_t tls);
+
 /* sentinel.c: the master of a Redis Sentinel setup */
 ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
     ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,

@@ -1,0 +1,382 @@
+
+/*
+ * Copyright (C) The ngx_http_idempotency_module authors
+ *
+ * The values of the module's directives, as nginx -t reads them: the
+ * parsers of the directives that take more than a flag, a size or a time,
+ * their bounds, and the warnings a merged location gets when its settings
+ * contradict each other.  Each message names the directive, the value and
+ * what it may be, at the directive's own line.
+ */
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+/*
+ * nginx -t warnings, once per location: not for http{} and server{}, whose
+ * settings the locations inherit, nor for "if" and "limit_except" blocks,
+ * which cannot set these directives.  They name the location's own line.
+ *
+ * An upstream slower than idempotency_lock_ttl keeps its claim (the lease
+ * is renewed every third of it), so the lock no longer has to outlast
+ * proxy_read_timeout.  What still matters: a renewal that waits
+ * idempotency_redis_timeout must land before the lease ends, or a live
+ * owner's key reads as an unknown outcome.
+ */
+
+void
+ngx_http_idempotency_warn(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    u_char                     lock[NGX_INT64_LEN + 2];
+    u_char                     other[NGX_INT64_LEN + 2];
+    size_t                     lock_len, other_len;
+    ngx_uint_t                 slow, short_ttl, long_wait;
+    ngx_conf_file_t            file, *saved;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (!conf->enable || clcf->name.len == 0 || clcf->noname) {
+        return;
+    }
+
+    slow = (conf->lock_ttl < 3 * conf->redis_timeout);
+    short_ttl = (conf->ttl < conf->lock_ttl);
+    long_wait = (conf->wait > conf->lock_ttl);
+
+    if (!conf->redis_default && !slow && !short_ttl && !long_wait) {
+        return;
+    }
+
+    saved = cf->conf_file;
+
+    if (saved && conf->conf_file.data) {
+        file = *saved;
+        file.file.name = conf->conf_file;
+        file.line = conf->conf_line;
+        cf->conf_file = &file;
+    }
+
+    if (conf->redis_default) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency\" is on in location \"%V\" "
+                           "without \"idempotency_redis\": using the default "
+                           "%V", &clcf->name, &conf->redis->name);
+    }
+
+    lock_len = ngx_http_idempotency_msec_text(lock, conf->lock_ttl);
+
+    if (slow) {
+        other_len = ngx_http_idempotency_msec_text(other,
+                                                   conf->redis_timeout);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_lock_ttl\" %*s is shorter than "
+                           "three times \"idempotency_redis_timeout\" %*s "
+                           "in location \"%V\": a slow renewal can land "
+                           "after the lease ended, and a retry is then told "
+                           "the outcome is unknown while the request still "
+                           "runs", lock_len, lock, other_len, other,
+                           &clcf->name);
+    }
+
+    /*
+     * Legal, and sometimes meant (a short ttl dedups only retries that
+     * come at once), so warned rather than refused; see directives.md
+     */
+
+    if (short_ttl) {
+        other_len = ngx_http_idempotency_msec_text(other, conf->ttl);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_ttl\" %*s is shorter than "
+                           "\"idempotency_lock_ttl\" %*s in location "
+                           "\"%V\": a response is kept for less time than "
+                           "its request may hold the key, and a retry that "
+                           "comes later runs the request again", other_len,
+                           other, lock_len, lock, &clcf->name);
+    }
+
+    if (long_wait) {
+        other_len = ngx_http_idempotency_msec_text(other, conf->wait);
+
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"idempotency_wait\" %*s is longer than "
+                           "\"idempotency_lock_ttl\" %*s in location "
+                           "\"%V\": waiting out the lock does not free the "
+                           "key, a dead owner's claim becomes an unknown "
+                           "outcome (idempotency_on_unknown), and until then "
+                           "the duplicate holds its connection", other_len,
+                           other, lock_len, lock, &clcf->name);
+    }
+
+    cf->conf_file = saved;
+}
+
+
+char *
+ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t  *value, *prefix;
+    u_char     *p;
+
+    prefix = (ngx_str_t *) ((char *) conf + cmd->offset);
+
+    if (prefix->data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len > NGX_HTTP_IDEMPOTENCY_PREFIX_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "prefix \"%V\" is longer than %d bytes",
+                           &value[1], NGX_HTTP_IDEMPOTENCY_PREFIX_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    for (p = value[1].data; p < value[1].data + value[1].len; p++) {
+        if (*p <= ' ' || *p >= 0x7f || *p == '{' || *p == '}') {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "prefix \"%V\" must be printable ASCII "
+                               "without spaces or braces", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    *prefix = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+char *
+ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value;
+    ngx_int_t    n;
+    ngx_uint_t   i, *code;
+
+    if (ilcf->store_status != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    ilcf->store_status = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                          sizeof(ngx_uint_t));
+    if (ilcf->store_status == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        /* a class "2xx" is stored as 2, a code as itself */
+
+        if (value[i].len == 3
+            && value[i].data[0] >= '1' && value[i].data[0] <= '5'
+            && (value[i].data[1] | 0x20) == 'x'
+            && (value[i].data[2] | 0x20) == 'x')
+        {
+            n = value[i].data[0] - '0';
+
+        } else {
+            n = ngx_atoi(value[i].data, value[i].len);
+            if (n < 100 || n > 599) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid status \"%V\": expected a code "
+                                   "from 100 to 599 or a class such as 2xx",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        code = ngx_array_push(ilcf->store_status);
+        if (code == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *code = n;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* says which methods are allowed, where the bitmask slot would not */
+
+char *
+ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t           *value;
+    ngx_uint_t           i, m;
+    ngx_conf_bitmask_t  *mask;
+
+    value = cf->args->elts;
+    mask = cmd->post;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        for (m = 0; mask[m].name.len; m++) {
+            if (mask[m].name.len == value[i].len
+                && ngx_strcasecmp(mask[m].name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (mask[m].name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" does not accept \"%V\": the methods "
+                               "allowed are POST, PUT, PATCH and DELETE",
+                               &value[0], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return ngx_conf_set_bitmask_slot(cf, cmd, conf);
+}
+
+
+/*
+ * Names the directive and its values, where the enum slot says only
+ * "invalid value" (nginx adds the directive's name to the errors that
+ * handlers return as text, not to those they log)
+ */
+
+char *
+ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    u_char           *p, *last, values[128];
+    ngx_str_t        *value;
+    ngx_uint_t        i;
+    ngx_conf_enum_t  *e;
+
+    value = cf->args->elts;
+    e = cmd->post;
+
+    for (i = 0; e[i].name.len; i++) {
+        if (e[i].name.len == value[1].len
+            && ngx_strcasecmp(e[i].name.data, value[1].data) == 0)
+        {
+            return ngx_conf_set_enum_slot(cf, cmd, conf);
+        }
+    }
+
+    /* "a" or "b"; "a", "b" or "c" */
+
+    p = values;
+    last = values + sizeof(values);
+
+    for (i = 0; e[i].name.len; i++) {
+        p = ngx_slprintf(p, last, "%s\"%V\"",
+                         i == 0 ? "" : e[i + 1].name.len ? ", " : " or ",
+                         &e[i].name);
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be %*s, not \"%V\"",
+                       &cmd->name, p - values, values, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+char *
+ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    ngx_msec_t             *ms = data;
+
+    u_char      min[NGX_INT64_LEN + 2];
+    size_t      len;
+    ngx_str_t  *value;
+
+    if (*ms >= (ngx_msec_t) bounds->low) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+    len = ngx_http_idempotency_msec_text(min, bounds->low);
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be at least %*s, not \"%V\"",
+                       &value[0], len, min, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+char *
+ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    size_t                 *sp = data;
+
+    ngx_str_t  *value;
+
+    if (*sp >= (size_t) bounds->low && *sp <= (size_t) bounds->high) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" must be between %i and %i, not \"%V\"",
+                       &value[0], bounds->low, bounds->high, &value[1]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* a time as an operator would write it: "1s", "250ms" */
+
+size_t
+ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms)
+{
+    if (ms % 1000) {
+        return ngx_sprintf(buf, "%Mms", ms) - buf;
+    }
+
+    return ngx_sprintf(buf, "%Ms", ms / 1000) - buf;
+}
+
+
+char *
+ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_str_t     *value, *name;
+    ngx_array_t  **a;
+
+    a = (ngx_array_t **) ((char *) conf + cmd->offset);
+
+    if (*a == NGX_CONF_UNSET_PTR) {
+        *a = ngx_array_create(cf->pool, 2, sizeof(ngx_str_t));
+        if (*a == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    value = cf->args->elts;
+
+    name = ngx_array_push(*a);
+    if (name == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    name->len = value[1].len;
+    name->data = ngx_pnalloc(cf->pool, name->len);
+    if (name->data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_strlow(name->data, value[1].data, name->len);
+
+    return NGX_CONF_OK;
+}
