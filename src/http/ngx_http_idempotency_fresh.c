@@ -20,8 +20,7 @@
 #include "ngx_http_idempotency_http.h"
 
 
-static void ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
+static void ngx_http_idempotency_fresh_done(void *data, u_char *first);
 
 
 char *
@@ -62,8 +61,7 @@ void
 ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char                      hash[EVP_MAX_MD_SIZE];
-    ngx_http_idempotency_op_t  *op;
+    u_char  hash[EVP_MAX_MD_SIZE];
 
     if (ctx->conf->fresh_detect == 0 || ctx->fresh_sent) {
         return;
@@ -77,41 +75,25 @@ ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
         return;
     }
 
-    op = ngx_http_idempotency_op_alloc(ctx->redis);
-    if (op == NULL) {
-        return;
-    }
-
-    op->data = ctx;
-    op->handler = ngx_http_idempotency_fresh_done;
-
-    if (ngx_http_idempotency_seen_command(op, &ctx->conf->prefix, hash,
-                                          ngx_http_idempotency_key_hash(ctx),
-                                          ctx->conf->fresh_detect)
-        == NGX_OK)
-    {
-        ctx->fresh_op = op;
-    }
+    ctx->fresh_op = ngx_http_idempotency_seen_send(ctx->redis,
+                                         &ctx->conf->prefix, hash,
+                                         ngx_http_idempotency_key_hash(ctx),
+                                         ctx->conf->fresh_detect,
+                                         ngx_http_idempotency_fresh_done, ctx);
 }
 
 
+/* the store tells which key carried this request first, if one did */
+
 static void
-ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_fresh_done(void *data, u_char *first)
 {
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = op->data;
-
-    if (ctx == NULL) {
-        return;
-    }
+    ngx_http_idempotency_ctx_t *ctx = data;
 
     ctx->fresh_op = NULL;
 
-    if (reply == NULL || reply->type != REDIS_REPLY_STRING
-        || reply->len != NGX_HTTP_IDEMPOTENCY_HEX_LEN
-        || ngx_memcmp(reply->str, ngx_http_idempotency_key_hash(ctx),
+    if (first == NULL
+        || ngx_memcmp(first, ngx_http_idempotency_key_hash(ctx),
                       NGX_HTTP_IDEMPOTENCY_HEX_LEN)
            == 0)
     {
@@ -119,7 +101,7 @@ ngx_http_idempotency_fresh_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ngx_memcpy(ctx->fresh_other, reply->str, NGX_HTTP_IDEMPOTENCY_HEX_LEN);
+    ngx_memcpy(ctx->fresh_other, first, NGX_HTTP_IDEMPOTENCY_HEX_LEN);
     ctx->fresh_seen = 1;
 
     ngx_http_idempotency_fresh_report(ctx->request, ctx);

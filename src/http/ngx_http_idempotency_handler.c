@@ -422,7 +422,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     ctx = op->data;
     r = ctx ? ctx->request : NULL;
 
-    ngx_http_idempotency_metrics_claim_done(kop, reply);
+    ngx_http_idempotency_metrics_claim_done(kop, reply != NULL);
 
     if (r == NULL) {
         /*

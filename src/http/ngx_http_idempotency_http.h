@@ -514,7 +514,7 @@ ngx_int_t ngx_http_idempotency_metrics_log(ngx_http_request_t *r);
 void ngx_http_idempotency_metrics_claim_sent(
     ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_metrics_claim_done(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered);
 void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
 void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_fresh_key(void);

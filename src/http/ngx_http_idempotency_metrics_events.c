@@ -19,7 +19,7 @@ static void ngx_http_idempotency_metrics_store_sent(
     ngx_http_idempotency_key_op_t *kop, u_char *value);
 static void ngx_http_idempotency_metrics_store_failed(void);
 static void ngx_http_idempotency_metrics_store_done(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply);
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t result);
 static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
     ngx_uint_t result);
 static void ngx_http_idempotency_metrics_redis_up(
@@ -136,9 +136,11 @@ ngx_http_idempotency_metrics_claim_sent(
 }
 
 
+/* a claim's round trip is timed when a reply came, whatever it said */
+
 void
 ngx_http_idempotency_metrics_claim_done(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply)
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered)
 {
     uint64_t                              usec;
     ngx_uint_t                            i;
@@ -146,7 +148,7 @@ ngx_http_idempotency_metrics_claim_done(
 
     mcf = ngx_http_idempotency_metrics_get_conf();
 
-    if (mcf == NULL || reply == NULL) {
+    if (mcf == NULL || !answered) {
         return;
     }
 
@@ -217,19 +219,19 @@ ngx_http_idempotency_metrics_store_failed(void)
 }
 
 
-/* the script answers 1 when it acted, 0 when the claim was not ours */
+/* what the finish's reply said, as the store read it (FINISH_*) */
 
 static void
 ngx_http_idempotency_metrics_store_done(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply)
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t finish)
 {
     ngx_uint_t                            result;
     ngx_http_idempotency_metrics_conf_t  *mcf;
 
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+    if (finish == NGX_HTTP_IDEMPOTENCY_FINISH_FAILED) {
         result = NGX_HTTP_IDEMPOTENCY_STORE_FAILED;
 
-    } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+    } else if (finish == NGX_HTTP_IDEMPOTENCY_FINISH_LOST) {
         result = NGX_HTTP_IDEMPOTENCY_STORE_FAILED;
 
         mcf = ngx_http_idempotency_metrics_get_conf();

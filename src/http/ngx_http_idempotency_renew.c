@@ -11,8 +11,8 @@
 
 
 static void ngx_http_idempotency_renew(ngx_event_t *ev);
-static void ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
+static void ngx_http_idempotency_renew_done(void *data, ngx_uint_t result,
+    ngx_msec_t lease_end);
 
 
 
@@ -77,10 +77,9 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
         return;
     }
 
-    kop->op.data = ctx;
-    kop->op.handler = ngx_http_idempotency_renew_done;
     if (ngx_http_idempotency_lease_renew(kop, &ctx->rkey, ctx->claim,
-                                         ctx->conf->lock_ttl, ctx->conf->ttl)
+                                         ctx->conf->lock_ttl, ctx->conf->ttl,
+                                         ngx_http_idempotency_renew_done, ctx)
         != NGX_OK)
     {
         ngx_log_error(NGX_LOG_WARN, ev->log, 0,
@@ -95,31 +94,22 @@ ngx_http_idempotency_renew(ngx_event_t *ev)
 }
 
 
+/* the store read the reply, and keeps ctx->claim as Redis holds it */
+
 static void
-ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_renew_done(void *data, ngx_uint_t result,
+    ngx_msec_t lease_end)
 {
-    ngx_int_t                    rc;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = op->data;
-
-    if (ctx == NULL) {
-        /* the request ended meanwhile */
-        return;
-    }
+    ngx_http_idempotency_ctx_t *ctx = data;
 
     ctx->renew_op = NULL;
 
-    rc = ngx_http_idempotency_lease_renewed(ngx_http_idempotency_key_op(op),
-                                            reply, ctx->claim);
-
-    if (rc == NGX_OK) {
-        ctx->lease_end = ngx_http_idempotency_key_op(op)->lease_end;
+    if (result == NGX_HTTP_IDEMPOTENCY_RENEWED) {
+        ctx->lease_end = lease_end;
         return;
     }
 
-    if (rc == NGX_AGAIN) {
+    if (result == NGX_HTTP_IDEMPOTENCY_RENEW_LANDED) {
         /* a renewal thought lost had landed: the next one goes from it */
         return;
     }
@@ -129,13 +119,15 @@ ngx_http_idempotency_renew_done(ngx_http_idempotency_op_t *op,
         return;
     }
 
-    ngx_log_error((ngx_uint_t) (reply ? NGX_LOG_ERR : NGX_LOG_WARN),
+    ngx_log_error((ngx_uint_t) (result == NGX_HTTP_IDEMPOTENCY_RENEW_GONE
+                                ? NGX_LOG_WARN : NGX_LOG_ERR),
                   ctx->request->connection->log, 0,
                   "idempotency: the claim was not renewed: %s, key hash %*s",
-                  reply == NULL ? "redis went away"
-                  : reply->type == REDIS_REPLY_ERROR ? "redis error"
+                  result == NGX_HTTP_IDEMPOTENCY_RENEW_GONE
+                  ? "redis went away"
+                  : result == NGX_HTTP_IDEMPOTENCY_RENEW_ERROR
+                  ? "redis error"
                   : "the key is no longer this request's",
                   (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
                   ngx_http_idempotency_key_hash(ctx));
 }
-

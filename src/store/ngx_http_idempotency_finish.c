@@ -39,6 +39,7 @@ static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_finish_result(redisReply *reply);
 static ngx_int_t ngx_http_idempotency_finish_native(
     ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f);
 static int ngx_http_idempotency_native_args(const char **argv,
@@ -59,7 +60,7 @@ static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
 static void ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop,
     u_char *value);
 static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
-    redisReply *reply);
+    ngx_uint_t result);
 static void ngx_http_idempotency_no_failed(void);
 static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
 static void ngx_http_idempotency_no_claim_refused(
@@ -332,7 +333,8 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
                       reply->integer ? "released" : "not there", &info);
 
         if (reply->integer == 1) {
-            ngx_http_idempotency_store_events.done(kop, reply);
+            ngx_http_idempotency_store_events.done(kop,
+                                             NGX_HTTP_IDEMPOTENCY_FINISH_DONE);
         }
 
         return;
@@ -357,7 +359,8 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
         reply = &released;
     }
 
-    ngx_http_idempotency_store_events.done(kop, reply);
+    ngx_http_idempotency_store_events.done(kop,
+                                    ngx_http_idempotency_finish_result(reply));
 
     if (reply == NULL) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -383,6 +386,27 @@ ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
                       "lost the key), %V",
                       kop->store ? "stored" : "released", &info);
     }
+}
+
+
+/*
+ * What a finish's reply says, for whoever counts it: the script answers 1
+ * when it acted, 0 when the claim was not ours (a native finish's reply
+ * comes here read into the same)
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_finish_result(redisReply *reply)
+{
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        return NGX_HTTP_IDEMPOTENCY_FINISH_FAILED;
+    }
+
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+        return NGX_HTTP_IDEMPOTENCY_FINISH_LOST;
+    }
+
+    return NGX_HTTP_IDEMPOTENCY_FINISH_DONE;
 }
 
 
@@ -762,7 +786,7 @@ ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop, u_char *value)
 
 static void
 ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
-    redisReply *reply)
+    ngx_uint_t result)
 {
 }
 

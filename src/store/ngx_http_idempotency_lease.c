@@ -29,6 +29,10 @@
 #define NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH  1600000000000ULL
 
 
+static void ngx_http_idempotency_lease_renew_done(
+    ngx_http_idempotency_op_t *op, redisReply *reply);
+static ngx_uint_t ngx_http_idempotency_lease_renewed(
+    ngx_http_idempotency_key_op_t *kop, redisReply *reply, u_char *claim);
 static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
 
 
@@ -215,17 +219,25 @@ ngx_http_idempotency_lease_deadline(u_char *head)
  * Sends the renewal of an owner's lease for lock_ttl more, the key's TTL
  * to lock_ttl + ttl.  With a native compare-and-set, SET ... IFEQ GET the
  * claim as the owner last knew it; else the renew script, which compares
- * the owner's bytes only.  On NGX_ERROR the op has been freed.
+ * the owner's bytes only.  The reply is read here: claim, the owner's
+ * copy, is kept as Redis holds it, and handler is told what became of the
+ * renewal, unless the owner detached the op (op.data NULL) before; claim
+ * is not touched then.  On NGX_ERROR the op has been freed.
  */
 
 ngx_int_t
 ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
-    ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl)
+    ngx_str_t *rkey, u_char *claim, ngx_msec_t lock_ttl, ngx_msec_t ttl,
+    ngx_http_idempotency_renewed_pt handler, void *data)
 {
     u_char       word[6], pttl[NGX_INT_T_LEN];
     size_t       argvlen[8];
     const char  *argv[8];
 
+    kop->op.data = data;
+    kop->op.handler = ngx_http_idempotency_lease_renew_done;
+    kop->renewed = handler;
+    kop->owner = claim;
     kop->lease_end = ngx_current_msec + lock_ttl;
 
     ngx_http_idempotency_lease_word(word, ngx_http_idempotency_epoch_msec()
@@ -268,45 +280,71 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
 }
 
 
+/* the owner is told, if it still waits; the request may have ended */
+
+static void
+ngx_http_idempotency_lease_renew_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply)
+{
+    ngx_http_idempotency_key_op_t  *kop;
+
+    if (op->data == NULL) {
+        return;
+    }
+
+    kop = ngx_http_idempotency_key_op(op);
+
+    kop->renewed(op->data,
+                 ngx_http_idempotency_lease_renewed(kop, reply, kop->owner),
+                 kop->lease_end);
+}
+
+
 /*
- * The reply to a renewal: NGX_OK when the lease holds for lock_ttl more
- * (claim, the owner's copy, is then what Redis holds), NGX_DECLINED when
- * the key is no longer this owner's lease (a record, an unknown outcome,
- * another owner, gone), NGX_ERROR on no reply or an error.  A native
- * compare that failed on the owner's own lease (a renewal whose reply was
- * lost landed after all) takes what Redis holds: NGX_AGAIN, and the next
- * renewal compares with it.  A deadline never moves back: the compare is
- * on the whole claim, so a renewal that stalled finds a later one there.
+ * The reply to a renewal: RENEWED when the lease holds for lock_ttl more
+ * (claim, the owner's copy, is then what Redis holds), RENEW_LOST when the
+ * key is no longer this owner's lease (a record, an unknown outcome,
+ * another owner, gone), RENEW_ERROR on an error, RENEW_GONE on no reply.
+ * A native compare that failed on the owner's own lease (a renewal whose
+ * reply was lost landed after all) takes what Redis holds: RENEW_LANDED,
+ * and the next renewal compares with it.  A deadline never moves back: the
+ * compare is on the whole claim, so a renewal that stalled finds a later
+ * one there.
  */
 
-ngx_int_t
+static ngx_uint_t
 ngx_http_idempotency_lease_renewed(ngx_http_idempotency_key_op_t *kop,
     redisReply *reply, u_char *claim)
 {
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
-        return NGX_ERROR;
+    if (reply == NULL) {
+        return NGX_HTTP_IDEMPOTENCY_RENEW_GONE;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        return NGX_HTTP_IDEMPOTENCY_RENEW_ERROR;
     }
 
     if (reply->type == REDIS_REPLY_INTEGER) {
         /* the script */
-        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
+        return reply->integer == 1 ? NGX_HTTP_IDEMPOTENCY_RENEWED
+                                   : NGX_HTTP_IDEMPOTENCY_RENEW_LOST;
     }
 
     if (reply->type != REDIS_REPLY_STRING
         || (size_t) reply->len != NGX_HTTP_IDEMPOTENCY_HEAD_LEN
         || ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_WORD_AT) != 0)
     {
-        return NGX_DECLINED;
+        return NGX_HTTP_IDEMPOTENCY_RENEW_LOST;
     }
 
     if (ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0) {
         ngx_memcpy(claim, kop->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-        return NGX_OK;
+        return NGX_HTTP_IDEMPOTENCY_RENEWED;
     }
 
     ngx_memcpy(claim, reply->str, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
 
-    return NGX_AGAIN;
+    return NGX_HTTP_IDEMPOTENCY_RENEW_LANDED;
 }
 
 

@@ -82,6 +82,13 @@
 #define NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED  2
 #define NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN  3
 
+/* what became of a renewal (lease.c) */
+#define NGX_HTTP_IDEMPOTENCY_RENEWED        0   /* lock_ttl more */
+#define NGX_HTTP_IDEMPOTENCY_RENEW_LANDED   1   /* a lost one had landed */
+#define NGX_HTTP_IDEMPOTENCY_RENEW_LOST     2   /* the key is not the lease */
+#define NGX_HTTP_IDEMPOTENCY_RENEW_ERROR    3   /* Redis answered an error */
+#define NGX_HTTP_IDEMPOTENCY_RENEW_GONE     4   /* no reply: Redis went away */
+
 /* why a record became unknown: nginx_idempotency_outcomes_unknown_total */
 #define NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM    1
 #define NGX_HTTP_IDEMPOTENCY_CAUSE_OWNER_LOST  2
@@ -94,6 +101,18 @@ typedef struct {
     EVP_MD_CTX                      *inner;
     EVP_MD_CTX                      *outer;
 } ngx_http_idempotency_secret_t;
+
+
+/*
+ * What the layer above is told of a command whose reply the store reads:
+ * data is the op's (op.data), and nobody is told once it is NULL.  seen.c:
+ * the key hash that first carried a request, NULL when none did before
+ * this one (or no answer came); lease.c: what became of a renewal
+ * (RENEW_*), and until when the lease holds if it was renewed.
+ */
+typedef void (*ngx_http_idempotency_seen_pt)(void *data, u_char *first);
+typedef void (*ngx_http_idempotency_renewed_pt)(void *data,
+    ngx_uint_t result, ngx_msec_t lease_end);
 
 
 /*
@@ -121,6 +140,13 @@ typedef struct {
 
     /* the acknowledgements (WAIT, WAITAOF) asked for */
     ngx_uint_t                       replicas;
+
+    /* seen.c, lease.c: whom the store tells what the reply decided */
+    ngx_http_idempotency_seen_pt     seen;
+    ngx_http_idempotency_renewed_pt  renewed;
+
+    /* lease.c: the owner's copy of its claim, written while op.data is set */
+    u_char                          *owner;
 
     unsigned                         store:1;
     unsigned                         orphan:1;   /* a lost claim's release */
@@ -287,16 +313,23 @@ void ngx_http_idempotency_build_trailers_end(
 void ngx_http_idempotency_build_too_large(u_char *buf, u_char *head,
     ngx_uint_t status);
 
+/* what a finish's reply says, for whoever counts them (finish.c) */
+#define NGX_HTTP_IDEMPOTENCY_FINISH_DONE    0   /* it acted */
+#define NGX_HTTP_IDEMPOTENCY_FINISH_FAILED  1   /* no reply, or an error */
+#define NGX_HTTP_IDEMPOTENCY_FINISH_LOST    2   /* the claim was not ours */
+
+
 /*
  * What the store tells whoever counts its finishes (metrics_events.c): a
- * finish sent, its reply, one that could not be sent, and an outcome that
- * became unknown because a finish was never acknowledged; nobody by default
+ * finish sent, what its reply says (FINISH_*), one that could not be sent,
+ * and an outcome that became unknown because a finish was never
+ * acknowledged; nobody by default
  */
 typedef struct {
     void                           (*sent)(ngx_http_idempotency_key_op_t *kop,
                                        u_char *value);
     void                           (*done)(ngx_http_idempotency_key_op_t *kop,
-                                       redisReply *reply);
+                                       ngx_uint_t result);
     void                           (*failed)(void);
     void                           (*unknown)(ngx_uint_t cause);
 
@@ -460,8 +493,10 @@ ngx_int_t ngx_http_idempotency_scan_start(ngx_http_idempotency_scan_t *scan);
 void ngx_http_idempotency_scan_cancel(ngx_http_idempotency_scan_t *scan);
 
 /* seen.c: which key first carried a request */
-ngx_int_t ngx_http_idempotency_seen_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *prefix, u_char *hash, u_char *key_hex, ngx_msec_t window);
+ngx_http_idempotency_op_t *ngx_http_idempotency_seen_send(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *prefix, u_char *hash,
+    u_char *key_hex, ngx_msec_t window, ngx_http_idempotency_seen_pt handler,
+    void *data);
 
 /* finish.c: a claim stored, made an unknown outcome, or released */
 void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
@@ -516,9 +551,8 @@ uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
 ngx_uint_t ngx_http_idempotency_lease_cause(u_char *value);
 ngx_int_t ngx_http_idempotency_lease_renew(
     ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
-    ngx_msec_t lock_ttl, ngx_msec_t ttl);
-ngx_int_t ngx_http_idempotency_lease_renewed(
-    ngx_http_idempotency_key_op_t *kop, redisReply *reply, u_char *claim);
+    ngx_msec_t lock_ttl, ngx_msec_t ttl,
+    ngx_http_idempotency_renewed_pt handler, void *data);
 
 /* script.c: the Lua that makes claim and finish atomic */
 extern ngx_str_t  ngx_http_idempotency_claim_script;
