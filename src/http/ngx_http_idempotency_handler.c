@@ -29,7 +29,7 @@ static ngx_int_t ngx_http_idempotency_claim(ngx_http_request_t *r,
 static void ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply, ngx_uint_t *itself);
 static ngx_http_idempotency_key_op_t *ngx_http_idempotency_claim_op(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx,
     ngx_http_idempotency_reply_pt handler);
@@ -414,6 +414,7 @@ static void
 ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
+    ngx_uint_t                      itself;
     ngx_http_request_t             *r;
     ngx_http_idempotency_ctx_t     *ctx;
     ngx_http_idempotency_key_op_t  *kop;
@@ -442,7 +443,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
 
     ctx->op = NULL;
 
-    ctx->go = ngx_http_idempotency_decide(r, ctx, reply);
+    ctx->go = ngx_http_idempotency_decide(r, ctx, reply, &itself);
 
     if (reply == NULL
         && ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
@@ -452,7 +453,7 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
         ngx_http_idempotency_release_orphan(kop);
     }
 
-    if (ngx_http_idempotency_wait_hold(r, ctx, reply) == NGX_AGAIN) {
+    if (ngx_http_idempotency_wait_hold(r, ctx, itself) == NGX_AGAIN) {
         /* won: the replicas acknowledge it first, under the same timer */
         return;
     }
@@ -467,8 +468,9 @@ ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
 
 static ngx_uint_t
 ngx_http_idempotency_decide(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply, ngx_uint_t *itself)
 {
+    ngx_uint_t                     answer;
     ngx_http_idempotency_answer_t  a;
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
@@ -484,8 +486,12 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     a.record = &ctx->record;
     a.status = &ctx->unknown_status;
     a.seen = ctx->seen;
+    a.itself = 0;
 
-    switch (ngx_http_idempotency_claim_answer(ctx->redis, reply, &a)) {
+    answer = ngx_http_idempotency_claim_answer(ctx->redis, reply, &a);
+    *itself = a.itself;
+
+    switch (answer) {
 
     case NGX_HTTP_IDEMPOTENCY_ANSWER_NEW:
         return NGX_HTTP_IDEMPOTENCY_GO_OWNER;

@@ -531,7 +531,7 @@ char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
 void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t itself);
 void ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);

@@ -304,13 +304,14 @@ ngx_http_idempotency_wait_issue(ngx_http_request_t *r,
 
 
 /*
- * Called with the claim's decision and reply.  NGX_AGAIN: the claim is won
- * and the request now waits for WAIT's reply, under the claim's own timer.
+ * Called with the claim's decision, and whether the claim won by finding
+ * itself.  NGX_AGAIN: the claim is won and the request now waits for
+ * WAIT's reply, under the claim's own timer.
  */
 
 ngx_int_t
 ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t itself)
 {
     ngx_str_t                       info;
     ngx_http_idempotency_key_op_t  *kop, *touch;
@@ -325,7 +326,7 @@ ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
 
     touch = NULL;
 
-    if (reply->type != REDIS_REPLY_NIL) {
+    if (itself) {
         /*
          * The claim was sent again after a lost connection and found its
          * own claim: it wrote nothing on this connection.  Since Redis 7.2
@@ -431,26 +432,13 @@ ngx_http_idempotency_wait_touch_done(ngx_http_idempotency_op_t *op,
 
     ctx->wait_op = NULL;
 
-    if (ngx_http_idempotency_touch_result(reply, ctx->claim) == NGX_OK) {
-        return;
-    }
-
     ngx_http_idempotency_wait_info(ctx, &info, buf);
 
-    if (reply && reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: redis \"%V\" refused to rewrite the "
-                      "claim sent again, for WAIT to count: %*s, the claim "
-                      "is released, %V", &ctx->redis->name,
-                      (size_t) reply->len, reply->str, &info);
-
-    } else {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: redis \"%V\": the claim sent again "
-                      "was %s before WAIT, the claim is released, %V",
-                      &ctx->redis->name,
-                      reply ? "no longer ours" : "lost with its connection",
-                      &info);
+    if (ngx_http_idempotency_touch_result(ctx->redis, reply, ctx->claim,
+                                          r->connection->log, &info)
+        == NGX_OK)
+    {
+        return;
     }
 
     ngx_http_idempotency_wait_fail(r, ctx);

@@ -47,6 +47,8 @@ ngx_http_idempotency_claim_answer(ngx_http_idempotency_redis_t *redis,
                                               a->claim, a->log))
     {
     case NGX_OK:
+        /* its own claim found: sent again after a lost connection */
+        a->itself = (reply->type != REDIS_REPLY_NIL);
         return NGX_HTTP_IDEMPOTENCY_ANSWER_NEW;
 
     case NGX_AGAIN:

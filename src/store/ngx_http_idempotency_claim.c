@@ -299,27 +299,47 @@ ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
 }
 
 
-/* NGX_OK: rewritten (the script's 1, or the claim itself back from GET) */
+/*
+ * NGX_OK: rewritten (the script's 1, or the claim itself back from GET).
+ * Anything else leaves the WAIT behind it nothing to count, and the claim
+ * is released: said here at error, with info naming the request.
+ */
 
 ngx_int_t
-ngx_http_idempotency_touch_result(redisReply *reply, u_char *claim)
+ngx_http_idempotency_touch_result(ngx_http_idempotency_redis_t *redis,
+    redisReply *reply, u_char *claim, ngx_log_t *log, ngx_str_t *info)
 {
-    if (reply == NULL) {
-        return NGX_ERROR;
+    if (reply != NULL) {
+        if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+            return NGX_OK;
+        }
+
+        if (reply->type == REDIS_REPLY_STRING
+            && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
+            && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+               == 0)
+        {
+            return NGX_OK;
+        }
+
+        if (reply->type == REDIS_REPLY_ERROR) {
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "idempotency: redis \"%V\" refused to rewrite "
+                          "the claim sent again, for WAIT to count: %*s, "
+                          "the claim is released, %V", &redis->name,
+                          (size_t) reply->len, reply->str, info);
+            return NGX_ERROR;
+        }
     }
 
-    if (reply->type == REDIS_REPLY_INTEGER) {
-        return reply->integer == 1 ? NGX_OK : NGX_DECLINED;
-    }
+    ngx_log_error(NGX_LOG_ERR, log, 0,
+                  "idempotency: redis \"%V\": the claim sent again "
+                  "was %s before WAIT, the claim is released, %V",
+                  &redis->name,
+                  reply ? "no longer ours" : "lost with its connection",
+                  info);
 
-    if (reply->type == REDIS_REPLY_STRING
-        && (size_t) reply->len == NGX_HTTP_IDEMPOTENCY_HEAD_LEN
-        && ngx_memcmp(reply->str, claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0)
-    {
-        return NGX_OK;
-    }
-
-    return reply->type == REDIS_REPLY_ERROR ? NGX_ERROR : NGX_DECLINED;
+    return reply ? NGX_DECLINED : NGX_ERROR;
 }
 
 

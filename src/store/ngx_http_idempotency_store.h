@@ -236,6 +236,7 @@ typedef struct {
     ngx_http_idempotency_record_t   *record;     /* found: decoded */
     ngx_uint_t                      *status;     /* unknown: its status */
     u_char                          *seen;       /* unknown: its head */
+    unsigned                         itself:1;   /* new: found, not made */
 } ngx_http_idempotency_answer_t;
 
 
@@ -409,8 +410,9 @@ ngx_int_t ngx_http_idempotency_delifeq_refused(
     ngx_http_idempotency_redis_t *redis, redisReply *reply);
 ngx_int_t ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *claim);
-ngx_int_t ngx_http_idempotency_touch_result(redisReply *reply,
-    u_char *claim);
+ngx_int_t ngx_http_idempotency_touch_result(
+    ngx_http_idempotency_redis_t *redis, redisReply *reply, u_char *claim,
+    ngx_log_t *log, ngx_str_t *info);
 
 /* durable.c: WAIT, WAITAOF */
 ngx_int_t ngx_http_idempotency_durable_command(
