@@ -11,7 +11,7 @@ below, never one above:
      <ngx_http.h>, no http configuration (ngx_http_conf_get_*,
      ngx_http_core_*), no loc conf or request ctx of the module;
   4. a topology is a table of functions: outside the topologies' own files
-     (sentinel*.c, cluster.c), no code asks which topology a target is
+     (sentinel*.c, cluster*.c), no code asks which topology a target is
      (->seeds, ->sentinel) to decide what to do;
   5. the record's bytes are the store's: outside store/, no code names the
      format's internals (the magic, the owner's length, the lease mark) or
@@ -33,7 +33,8 @@ TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'src')
 LAYERS = ('redis', 'store', 'http', 'module')
 TOPOLOGIES = ('redis/ngx_http_idempotency_sentinel.c',
               'redis/ngx_http_idempotency_sentinel_conf.c',
-              'redis/ngx_http_idempotency_cluster.c')
+              'redis/ngx_http_idempotency_cluster.c',
+              'redis/ngx_http_idempotency_cluster_map.c')
 
 REQUEST = re.compile(r'ngx_http_request_t|<ngx_http\.h>|ngx_http_conf_get_'
                      r'|ngx_http_core_|ngx_http_idempotency_(?:loc|main)_conf_t'

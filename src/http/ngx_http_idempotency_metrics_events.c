@@ -373,7 +373,7 @@ ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
 
 
 /*
- * cluster.c: a master entered a worker's slot map (its entry, or NULL
+ * cluster_map.c: a master entered a worker's slot map (its entry, or NULL
  * when the table is full), and left it; the label is "host:port" as the
  * map names it.  A crashed worker's entries stay until the next restart.
  */

@@ -64,6 +64,9 @@ typedef struct ngx_http_idempotency_subscriber_s
 typedef struct ngx_http_idempotency_channel_s
     ngx_http_idempotency_channel_t;
 typedef struct ngx_http_idempotency_shard_s  ngx_http_idempotency_shard_t;
+typedef struct ngx_http_idempotency_cluster_s
+    ngx_http_idempotency_cluster_t;
+typedef struct ngx_http_idempotency_cnode_s  ngx_http_idempotency_cnode_t;
 
 
 /*
@@ -196,7 +199,7 @@ struct ngx_http_idempotency_node_s {
     ngx_msec_t                       ask_backoff;
     ngx_msec_t                       answered;   /* the watchdog's start */
 
-    /* cluster.c: a node known by name, resolved on every connect */
+    /* cluster_map.c: a node known by name, resolved on every connect */
     ngx_str_t                        host;
     in_port_t                        port;
 
@@ -269,7 +272,7 @@ struct ngx_http_idempotency_redis_s {
     size_t                           reply_max;  /* the longest record */
     ngx_http_idempotency_sentinel_t *sentinel;   /* sentinel.c, or NULL */
 
-    /* cluster.c: the seeds (ngx_addr_t), NULL if not a cluster */
+    /* cluster_map.c: the seeds (ngx_addr_t), NULL if not a cluster */
     ngx_array_t                     *seeds;
     ngx_array_t                     *seed_names;    /* given by name */
     void                            *cluster;    /* per worker */
@@ -513,10 +516,32 @@ ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
     ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
     ngx_array_t *servers);
 
-/* cluster.c: slot map and routing for "idempotency_redis ... cluster" */
+/*
+ * cluster_map.c: a cluster's seeds, nodes and slot map for
+ * "idempotency_redis ... cluster" (cluster.h has its types)
+ */
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
     ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
+ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_msec_t resolver_timeout);
+ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
+ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node_at(
+    ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
+    ngx_int_t port, ngx_http_idempotency_node_t *from);
+void ngx_http_idempotency_cluster_use(ngx_http_idempotency_cnode_t *cn);
+void ngx_http_idempotency_cluster_refresh(ngx_http_idempotency_cluster_t *cl);
+void ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
+    redisReply *reply);
+
+/* cluster.c: a cluster's router, its redirects and its waiting commands */
 uint16_t ngx_http_idempotency_cluster_slot(u_char *key, size_t len);
+ngx_int_t ngx_http_idempotency_cluster_send(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_op_t *op, u_char *cmd, size_t len);
+void ngx_http_idempotency_cluster_done(ngx_http_idempotency_op_t *op);
+void ngx_http_idempotency_cluster_retry_handler(ngx_event_t *ev);
 ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
     ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
 void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
