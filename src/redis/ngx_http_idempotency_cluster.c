@@ -356,11 +356,7 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
         ask = 1;
         p += sizeof("ASK ") - 1;
 
-    } else if (ngx_http_idempotency_reply_is(reply, "TRYAGAIN")
-               || ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")
-               || ngx_http_idempotency_reply_is(reply, "LOADING")
-               || ngx_http_idempotency_reply_is(reply, "MASTERDOWN"))
-    {
+    } else if (ngx_http_idempotency_reply_passing(reply, 0)) {
         return ngx_http_idempotency_cluster_again(cl, op, reply);
 
     } else {

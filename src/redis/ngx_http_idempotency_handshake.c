@@ -43,7 +43,6 @@ static void ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_node_ask(ngx_http_idempotency_node_t *node,
     ngx_uint_t what, ngx_uint_t forbidden);
-static ngx_uint_t ngx_http_idempotency_redis_busy(redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_info_field(u_char *p, u_char *last,
     char *name, ngx_str_t *value);
 
@@ -385,7 +384,7 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     }
 
     if (!node->refused) {
-        if (ngx_http_idempotency_redis_busy(reply)) {
+        if (ngx_http_idempotency_reply_passing(reply, 1)) {
             ngx_log_error(NGX_LOG_WARN, redis->log, 0,
                           "idempotency: redis \"%V\" is not ready: %*s; "
                           "connecting again", &redis->name,
@@ -637,21 +636,31 @@ ngx_http_idempotency_redis_forbidden(redisReply *reply)
 }
 
 
-/* a server that will answer soon: loading, busy, or not a master yet */
+/*
+ * A server that will answer soon: loading its data set, not a master yet,
+ * its cluster reconfiguring or a slot moving, and with busy, running a
+ * script.  Every layer that waits for such a server rather than giving up
+ * asks here, so that the list is one.  BUSY is asked for apart: a cluster
+ * router that sent a command there would only meet it again.
+ */
 
-static ngx_uint_t
-ngx_http_idempotency_redis_busy(redisReply *reply)
+ngx_uint_t
+ngx_http_idempotency_reply_passing(redisReply *reply, ngx_uint_t busy)
 {
     size_t       len, n;
     ngx_uint_t   i;
 
     static char  *codes[] = {
-        "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"
+        "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY"
     };
+
+    if (reply->type != REDIS_REPLY_ERROR || reply->str == NULL) {
+        return 0;
+    }
 
     len = reply->len;
 
-    for (i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+    for (i = 0; i < sizeof(codes) / sizeof(codes[0]) - !busy; i++) {
         n = ngx_strlen(codes[i]);
 
         if (len >= n && ngx_strncmp(reply->str, codes[i], n) == 0

@@ -489,6 +489,8 @@ void ngx_http_idempotency_node_reset(ngx_http_idempotency_node_t *node);
 
 /* handshake.c: what a new connection asks first, and its replies */
 ngx_uint_t ngx_http_idempotency_redis_forbidden(redisReply *reply);
+ngx_uint_t ngx_http_idempotency_reply_passing(redisReply *reply,
+    ngx_uint_t busy);
 void ngx_http_idempotency_node_load_script(
     ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_redis_handshake(

@@ -870,11 +870,7 @@ ngx_http_idempotency_subscriber_cluster_error(
         return 1;
     }
 
-    if (ngx_http_idempotency_reply_is(reply, "TRYAGAIN")
-        || ngx_http_idempotency_reply_is(reply, "CLUSTERDOWN")
-        || ngx_http_idempotency_reply_is(reply, "LOADING")
-        || ngx_http_idempotency_reply_is(reply, "MASTERDOWN"))
-    {
+    if (ngx_http_idempotency_reply_passing(reply, 0)) {
         ngx_http_idempotency_cluster_moved(node, NULL, 0);
         ngx_http_idempotency_subscriber_reset(n, node, -2);
         return 1;

@@ -178,13 +178,10 @@ ngx_http_idempotency_retryable(redisReply *reply)
     size_t       i;
     ngx_str_t   *s;
 
+    /* beside a server that will answer soon (the client's list) */
+
     static ngx_str_t  transient[] = {
         ngx_string("READONLY"),
-        ngx_string("TRYAGAIN"),
-        ngx_string("LOADING"),
-        ngx_string("MASTERDOWN"),
-        ngx_string("CLUSTERDOWN"),
-        ngx_string("BUSY"),
         ngx_string("NOREPLICAS"),
         ngx_string("ERR idempotency: staged record missing"),
         ngx_null_string
@@ -192,6 +189,10 @@ ngx_http_idempotency_retryable(redisReply *reply)
 
     if (reply->type != REDIS_REPLY_ERROR) {
         return 0;
+    }
+
+    if (ngx_http_idempotency_reply_passing(reply, 1)) {
+        return 1;
     }
 
     for (s = transient; s->len; s++) {
