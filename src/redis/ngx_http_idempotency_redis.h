@@ -410,6 +410,13 @@ struct ngx_http_idempotency_subscriber_s {
 };
 
 
+/* a cluster's subscriber: one per master, per worker */
+struct ngx_http_idempotency_shard_s {
+    ngx_http_idempotency_node_t      node;       /* first: a node_t * */
+    ngx_http_idempotency_shard_t    *next;
+};
+
+
 /*
  * What the client tells the layers above of its targets
  * (metrics_events.c counts them), set at configuration; by default nobody
@@ -577,6 +584,23 @@ ngx_http_idempotency_channel_t *ngx_http_idempotency_subscriber_channel(
 void ngx_http_idempotency_subscribe(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch);
+void ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node);
+ngx_int_t ngx_http_idempotency_subscriber_addr(
+    ngx_http_idempotency_node_t *node, ngx_addr_t *m);
+void ngx_http_idempotency_subscriber_dirty(
+    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_channel_t *ch);
+void ngx_http_idempotency_subscriber_free(
+    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_channel_t *ch);
+
+/* subscribe_shard.c: a cluster's subscribers, one per master */
+void ngx_http_idempotency_subscriber_cluster_batch(
+    ngx_http_idempotency_subscriber_t *n);
+void ngx_http_idempotency_subscriber_reset(
+    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_node_t *node,
+    ngx_int_t slot);
+ngx_uint_t ngx_http_idempotency_subscriber_cluster_error(
+    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_node_t *node,
+    redisReply *reply);
 
 /* input.c: received bytes into replies */
 void ngx_http_idempotency_input_init(ngx_http_idempotency_node_t *node);

@@ -13,7 +13,7 @@
  * slot went.  The owner is told of each message on a confirmed channel
  * and of each confirmation: what was published before a confirmation (the
  * first, or the one after a lost connection or a moved slot) may not have
- * reached it.
+ * reached it.  What only a cluster does is subscribe_shard.c's.
  */
 
 
@@ -23,40 +23,12 @@
 #define NGX_HTTP_IDEMPOTENCY_SUBSCRIBER_BACKOFF_MIN  10
 
 
-/* a cluster's subscriber: one per master, per worker */
-struct ngx_http_idempotency_shard_s {
-    ngx_http_idempotency_node_t      node;       /* first: a node_t * */
-    ngx_http_idempotency_shard_t    *next;
-};
 
 
-static void ngx_http_idempotency_subscriber_node(
-    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_subscriber_reconnect(ngx_event_t *ev);
-static ngx_int_t ngx_http_idempotency_subscriber_addr(
-    ngx_http_idempotency_node_t *node, ngx_addr_t *m);
 static ngx_uint_t ngx_http_idempotency_subscriber_moved(
     ngx_http_idempotency_node_t *node);
-static void ngx_http_idempotency_subscriber_dirty(
-    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_channel_t *ch);
-static void ngx_http_idempotency_subscriber_free(
-    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_channel_t *ch);
 static void ngx_http_idempotency_subscriber_batch(ngx_event_t *ev);
-static void ngx_http_idempotency_subscriber_cluster_batch(
-    ngx_http_idempotency_subscriber_t *n);
-static void ngx_http_idempotency_subscriber_drop(
-    ngx_http_idempotency_node_t *node);
-static ngx_http_idempotency_node_t *ngx_http_idempotency_subscriber_shard(
-    ngx_http_idempotency_subscriber_t *n, ngx_uint_t slot);
-static ngx_uint_t ngx_http_idempotency_subscriber_send_channel(
-    ngx_http_idempotency_node_t *node, const char *cmd,
-    ngx_http_idempotency_channel_t *ch);
-static ngx_uint_t ngx_http_idempotency_subscriber_cluster_error(
-    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_node_t *node,
-    redisReply *reply);
-static void ngx_http_idempotency_subscriber_reset(
-    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_node_t *node,
-    ngx_int_t slot);
 static ngx_uint_t ngx_http_idempotency_subscriber_send(
     ngx_http_idempotency_subscriber_t *n, const char *cmd,
     ngx_uint_t subscribe);
@@ -107,7 +79,7 @@ ngx_http_idempotency_subscriber_create(ngx_http_idempotency_redis_t *redis)
 
 /* a node of its own: the client hands it what no command asked for */
 
-static void
+void
 ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node)
 {
     node->subscriber = 1;
@@ -173,7 +145,7 @@ ngx_http_idempotency_subscriber_reconnect(ngx_event_t *ev)
 
 /* the subscriber's own copy of an address: conn_free frees it */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_idempotency_subscriber_addr(ngx_http_idempotency_node_t *node,
     ngx_addr_t *m)
 {
@@ -333,7 +305,7 @@ ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch)
 
 /* (un)subscriptions are batched: one command each per event loop turn */
 
-static void
+void
 ngx_http_idempotency_subscriber_dirty(ngx_http_idempotency_subscriber_t *n,
     ngx_http_idempotency_channel_t *ch)
 {
@@ -348,7 +320,7 @@ ngx_http_idempotency_subscriber_dirty(ngx_http_idempotency_subscriber_t *n,
 }
 
 
-static void
+void
 ngx_http_idempotency_subscriber_free(ngx_http_idempotency_subscriber_t *n,
     ngx_http_idempotency_channel_t *ch)
 {
@@ -487,245 +459,6 @@ ngx_http_idempotency_subscriber_send(ngx_http_idempotency_subscriber_t *n,
 
 
 /*
- * A cluster: each channel on the subscriber of its slot's master, one per
- * command (the channels of one SSUBSCRIBE must share a slot).  A channel
- * that cannot go now (no map yet, its subscriber connecting) stays dirty:
- * the subscriber's handshake, its reconnect timer and the channel's owner,
- * who waits meanwhile (subscribe_again), run the batch again.
- */
-
-static void
-ngx_http_idempotency_subscriber_cluster_batch(
-    ngx_http_idempotency_subscriber_t *n)
-{
-    ngx_queue_t                     *q, *next;
-    ngx_http_idempotency_node_t     *sub;
-    ngx_http_idempotency_channel_t  *ch;
-
-    for (q = ngx_queue_head(&n->dirty);
-         q != ngx_queue_sentinel(&n->dirty);
-         q = next)
-    {
-        next = ngx_queue_next(q);
-        ch = ngx_queue_data(q, ngx_http_idempotency_channel_t, dirty);
-
-        if (ch->wanted && !ch->subscribed) {
-            sub = ngx_http_idempotency_subscriber_shard(n, ch->slot);
-
-            if (sub == NULL || !sub->up) {
-                continue;
-            }
-
-            if (sub != ch->node) {
-                /* what the former subscriber confirms no longer counts */
-                ch->node = sub;
-                ch->pending = 0;
-            }
-
-            if (!ngx_http_idempotency_subscriber_send_channel(sub,
-                                                        "SSUBSCRIBE", ch))
-            {
-                ngx_http_idempotency_subscriber_drop(sub);
-                continue;
-            }
-
-            ch->subscribed = 1;
-
-        } else if (!ch->wanted && ch->subscribed) {
-            ch->subscribed = 0;
-            ch->confirmed = 0;
-
-            if (ch->node->up
-                && !ngx_http_idempotency_subscriber_send_channel(ch->node,
-                                                        "SUNSUBSCRIBE", ch))
-            {
-                ngx_http_idempotency_subscriber_drop(ch->node);
-                continue;
-            }
-        }
-
-        ngx_queue_remove(q);
-        ch->in_dirty = 0;
-
-        if (!ch->wanted && !ch->subscribed && ch->pending == 0) {
-            ngx_http_idempotency_subscriber_free(n, ch);
-        }
-    }
-}
-
-
-/*
- * No memory: the connection and its subscriptions start over, after the
- * loop over the channels that closing it would change
- */
-
-static void
-ngx_http_idempotency_subscriber_drop(ngx_http_idempotency_node_t *node)
-{
-    if (node->open && !node->reset_ev.posted) {
-        ngx_post_event(&node->reset_ev, &ngx_posted_events);
-    }
-}
-
-
-/*
- * The subscriber of a slot's master per the map, made and connected on
- * demand; NULL: the map does not know the slot yet, or no memory.
- */
-
-static ngx_http_idempotency_node_t *
-ngx_http_idempotency_subscriber_shard(ngx_http_idempotency_subscriber_t *n,
-    ngx_uint_t slot)
-{
-    ngx_addr_t                    *m;
-    ngx_http_idempotency_node_t   *sub, *master;
-    ngx_http_idempotency_redis_t  *redis;
-    ngx_http_idempotency_shard_t  *s;
-
-    redis = n->node.redis;
-
-    master = ngx_http_idempotency_cluster_master(redis, slot);
-    if (master == NULL || master->naddrs == 0) {
-        return NULL;
-    }
-
-    m = &master->addrs[master->addr % master->naddrs];
-
-    for (s = n->shards; s; s = s->next) {
-        sub = &s->node;
-
-        if (ngx_cmp_sockaddr(sub->addrs->sockaddr, sub->addrs->socklen,
-                             m->sockaddr, m->socklen, 1)
-            == NGX_OK)
-        {
-            goto found;
-        }
-    }
-
-    s = ngx_calloc(sizeof(ngx_http_idempotency_shard_t), redis->log);
-    if (s == NULL) {
-        return NULL;
-    }
-
-    sub = &s->node;
-
-    ngx_http_idempotency_node_init(sub, redis, redis->log);
-    ngx_http_idempotency_subscriber_node(sub);
-
-    if (ngx_http_idempotency_subscriber_addr(sub, m) != NGX_OK) {
-        ngx_free(s);
-        return NULL;
-    }
-
-    if (master->host.len) {
-        /* a master known by name: TLS checks that name, as for its data */
-
-        sub->host.data = ngx_alloc(master->host.len, redis->log);
-        if (sub->host.data == NULL) {
-            ngx_http_idempotency_conn_free(sub);
-            ngx_free(s);
-            return NULL;
-        }
-
-        ngx_memcpy(sub->host.data, master->host.data, master->host.len);
-        sub->host.len = master->host.len;
-        sub->port = master->port;
-    }
-
-    s->next = n->shards;
-    n->shards = s;
-
-found:
-
-    if (!sub->open && !sub->reconnect_ev.timer_set
-        && !ngx_exiting && !ngx_quit && !ngx_terminate)
-    {
-        ngx_http_idempotency_redis_connect(sub);
-    }
-
-    return sub;
-}
-
-
-/* one channel per command; 0: no memory */
-
-static ngx_uint_t
-ngx_http_idempotency_subscriber_send_channel(
-    ngx_http_idempotency_node_t *node, const char *cmd,
-    ngx_http_idempotency_channel_t *ch)
-{
-    u_char  *p;
-    size_t   len;
-
-    len = sizeof("*2\r\n$\r\n\r\n$\r\n\r\n") - 1 + 2 * NGX_SIZE_T_LEN
-          + ngx_strlen(cmd) + ch->sn.str.len;
-
-    p = ngx_http_idempotency_conn_reserve(node, len);
-    if (p == NULL) {
-        return 0;
-    }
-
-    node->out_last = ngx_sprintf(p, "*2\r\n$%uz\r\n%s\r\n$%uz\r\n%V\r\n",
-                                 ngx_strlen(cmd), cmd, ch->sn.str.len,
-                                 &ch->sn.str);
-    ch->confirmed = 0;
-    ch->pending++;
-
-    if (node->ready && !node->flush_ev.posted) {
-        ngx_post_event(&node->flush_ev, &ngx_posted_events);
-    }
-
-    return 1;
-}
-
-
-/*
- * A cluster's channels on a subscriber (of one slot, all: -1, those not
- * confirmed: -2) are subscribed no longer: to be subscribed again where
- * the map says.
- */
-
-static void
-ngx_http_idempotency_subscriber_reset(ngx_http_idempotency_subscriber_t *n,
-    ngx_http_idempotency_node_t *node, ngx_int_t slot)
-{
-    ngx_rbtree_node_t               *rn, *next;
-    ngx_http_idempotency_channel_t  *ch;
-
-    if (n->tree.root == n->tree.sentinel) {
-        return;
-    }
-
-    for (rn = ngx_rbtree_min(n->tree.root, n->tree.sentinel);
-         rn;
-         rn = next)
-    {
-        next = ngx_rbtree_next(&n->tree, rn);
-        ch = (ngx_http_idempotency_channel_t *) rn;
-
-        if (ch->node != node
-            || (slot >= 0 && ch->slot != (ngx_uint_t) slot)
-            || (slot == -2 && ch->confirmed))
-        {
-            continue;
-        }
-
-        ch->node = NULL;
-        ch->subscribed = 0;
-        ch->confirmed = 0;
-        ch->pending = 0;
-
-        if (!ch->wanted) {
-            ngx_http_idempotency_subscriber_free(n, ch);
-            continue;
-        }
-
-        ngx_http_idempotency_subscriber_dirty(n, ch);
-    }
-}
-
-
-/*
  * Replies on the subscriber node: confirmations and messages are taken
  * here (NGX_DONE); the handshake's replies go to node.c (NGX_DECLINED).
  * An error to SSUBSCRIBE (Redis 6, an ACL) turns the subscriber off: its
@@ -829,54 +562,6 @@ ngx_http_idempotency_subscriber_reply(ngx_http_idempotency_node_t *node,
     }
 
     return NGX_DONE;
-}
-
-
-/*
- * An error to a cluster's SSUBSCRIBE: a MOVED (the map was stale, its slot
- * is known at once), an ASK, or the errors of a failover or a resharding:
- * the channels go again once the map is asked for.  0: not one of these.
- */
-
-static ngx_uint_t
-ngx_http_idempotency_subscriber_cluster_error(
-    ngx_http_idempotency_subscriber_t *n, ngx_http_idempotency_node_t *node,
-    redisReply *reply)
-{
-    u_char     *p, *last;
-    ngx_int_t   slot;
-
-    p = (u_char *) reply->str;
-    last = p + reply->len;
-
-    if (ngx_http_idempotency_reply_is(reply, "MOVED ")
-        || ngx_http_idempotency_reply_is(reply, "ASK "))
-    {
-        p = ngx_strlchr(p, last, ' ') + 1;
-        last = ngx_strlchr(p, last, ' ');
-        slot = last ? ngx_atoi(p, last - p) : NGX_ERROR;
-
-        if (reply->str[0] == 'M') {
-            ngx_http_idempotency_cluster_moved(node, p,
-                                   (u_char *) reply->str + reply->len - p);
-
-        } else {
-            /* a migration under way: where it ends, by the map */
-            ngx_http_idempotency_cluster_moved(node, NULL, 0);
-        }
-
-        ngx_http_idempotency_subscriber_reset(n, node,
-                                              slot == NGX_ERROR ? -2 : slot);
-        return 1;
-    }
-
-    if (ngx_http_idempotency_reply_passing(reply, 0)) {
-        ngx_http_idempotency_cluster_moved(node, NULL, 0);
-        ngx_http_idempotency_subscriber_reset(n, node, -2);
-        return 1;
-    }
-
-    return 0;
 }
 
 
