@@ -59,11 +59,14 @@ static void ngx_http_idempotency_fetch_done(ngx_http_idempotency_fetch_t *f,
  * purge: KEYS[1] the record key, ARGV[1] "1" to purge an in-progress
  * claim too.  0: no record; -1: in progress, not purged; 1: purged.  A
  * claim is in progress unless it is an unknown outcome (0xC1 'U' at 45).
+ * GETRANGE reads nothing of a missing key and of an empty value alike:
+ * DEL tells them apart, and removes the empty value, as the read and
+ * delete of the native path do.
  */
 
 static ngx_str_t  ngx_http_idempotency_purge_script = ngx_string(
     "local h = redis.call('GETRANGE', KEYS[1], 0, 52)\n"
-    "if h == '' then return 0 end\n"
+    "if h == '' then return redis.call('DEL', KEYS[1]) end\n"
     "if ARGV[1] ~= '1' and string.byte(h, 5) == 1\n"
     "   and string.sub(h, 46, 47) ~= '\\193U' then\n"
     "  return -1\n"
