@@ -361,6 +361,23 @@ like($refused[0] // '', qr/\[error\].*redis "127\.0\.0\.1:$redis_port" refused t
     or diag explain \@refused;
 `$cli -p $redis_port ACL DELUSER admin-no-pttl`;
 
+# --- a value under a record's name that is no record: 502, DELETE removes it --
+# (an empty one too: it was once taken for a GET never answered, a 503 with
+# nothing in the error log)
+
+for my $v ('', 'not a record') {
+    my $h = sha256_hex("admin-corrupt-$run-$v");
+    `$cli -p $redis_port SET 'admin:{$h}' '$v'`;
+    my $n = length $v;
+    problem(req('GET', "/admin?hash=$h"), 502, 'admin-record-corrupt',
+            qr/DELETE removes it/, "a value of $n bytes");
+    ok((grep { /corrupt record in redis .* at "admin:\{$h\}" \($n bytes\)/ }
+        lines_of("$dir/logs/error.log")),
+       '...and the error log says so');
+    is(req('DELETE', "/admin?hash=$h")->{status}, 204, '...DELETE removes it');
+    is(req('GET', "/admin?hash=$h")->{status}, 404, '...it is gone');
+}
+
 # --- Redis stalled beyond idempotency_redis_timeout (1s): 503 ------------------
 
 system("$cli -p $redis_port DEBUG SLEEP @{[ 2.5 * $slow ]} >/dev/null &");

@@ -48,6 +48,14 @@ my @breaches = (
      "static int f(u_char *p) { return ngx_memcmp(p, NGX_HTTP_IDEMPOTENCY_MAGIC, 4); }\n",
      qr/admin\.c:\d+ reads a record's bytes/,
      'http/ checks the magic itself'],
+    ['http/ngx_http_idempotency_wait.c',
+     "static int f(redisReply *reply) { return reply->type == REDIS_REPLY_NIL; }\n",
+     qr/wait\.c:\d+ reads Redis past the store/,
+     'http/ reads a reply'],
+    ['http/ngx_http_idempotency_fresh.c',
+     "static void *f(ngx_http_idempotency_redis_t *r) { return ngx_http_idempotency_op_alloc(r); }\n",
+     qr/fresh\.c:\d+ reads Redis past the store/,
+     'http/ allocates a command of the client'],
 );
 
 for my $b (@breaches) {

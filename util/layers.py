@@ -16,7 +16,10 @@ below, never one above:
   5. the record's bytes are the store's: outside store/, no code names the
      format's internals (the magic, the owner's length, the lease mark) or
      a head's byte offsets; it reads a record through store.h's accessors
-     and writes one through build.c.
+     and writes one through build.c;
+  6. the store is the only way to Redis from the request: no http/ or
+     wiring code reads a reply's fields (reply->..., REDIS_REPLY_*) or
+     sends a command of the client's (op_alloc, redis_command).
 
 Comments and string literals are not read.  Prints one line per breach and
 exits 1; prints a summary and exits 0 when the layers hold.
@@ -44,6 +47,8 @@ REQUEST = re.compile(r'ngx_http_request_t|<ngx_http\.h>|ngx_http_conf_get_'
 SHARED = ('ngx_http_idempotency_module', 'ngx_http_idempotency_version.h')
 
 TOPOLOGY = re.compile(r'(?:redis|\])->(?:seeds|sentinel)\b')
+RAW = re.compile(r'\breply->|\bREDIS_REPLY_\w+'
+                 r'|\bngx_http_idempotency_(?:op_alloc|redis_command)\b')
 FORMAT = re.compile(r'NGX_HTTP_IDEMPOTENCY_(?:MAGIC|OWNER_LEN|LEASE_MARK)\b'
                     r'|(?<!\.)\b(?:claim|seen|head|value|rec|data)'
                     r'\s*(?:\[\s*4\s*\]|\+\s*5\b)')
@@ -129,7 +134,7 @@ def main():
                                 'defines' % (path, word, where))
 
     # 3. the lower layers see no request; 4. no topology tests; 5. no
-    # record bytes outside the store
+    # record bytes outside the store; 6. no reply or client call above it
     for path, text in sorted(code.items()):
         for n, line in enumerate(text.split('\n'), 1):
             if rank(path) <= 1 and REQUEST.search(line):
@@ -137,6 +142,9 @@ def main():
                                 % (path, n, line.strip()))
             if path not in TOPOLOGIES and TOPOLOGY.search(line):
                 breaches.append('%s:%d asks the topology: %s'
+                                % (path, n, line.strip()))
+            if rank(path) >= 2 and RAW.search(line):
+                breaches.append('%s:%d reads Redis past the store: %s'
                                 % (path, n, line.strip()))
             if rank(path) != 1 and FORMAT.search(line):
                 breaches.append('%s:%d reads a record\'s bytes: %s'

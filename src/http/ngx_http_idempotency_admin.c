@@ -22,16 +22,12 @@
 typedef struct {
     ngx_http_request_t              *request;
     ngx_http_idempotency_loc_conf_t *conf;
-    ngx_http_idempotency_op_t       *get;
-    ngx_http_idempotency_op_t       *ttl;
+    ngx_http_idempotency_fetch_t    *fetch;      /* the store's, in flight */
     ngx_event_t                      timeout;
     ngx_str_t                        rkey;
-    u_char                          *value;      /* the record, or NULL */
-    size_t                           len;
     ngx_uint_t                       body;       /* &body=1 */
     ngx_uint_t                       force;      /* &force=1 */
     ngx_log_t                        log;        /* without the request */
-    unsigned                         found:1;
 } ngx_http_idempotency_admin_ctx_t;
 
 
@@ -113,35 +109,16 @@ static void ngx_http_idempotency_admin_problem(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem);
 static ngx_int_t ngx_http_idempotency_admin_key(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t *problem);
-static ngx_http_idempotency_op_t *ngx_http_idempotency_admin_op(
-    ngx_http_idempotency_admin_ctx_t *ctx);
-static ngx_int_t ngx_http_idempotency_admin_send(
-    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t del);
-static void ngx_http_idempotency_admin_got(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
-static void ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
-static void ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
-static void ngx_http_idempotency_admin_purge_read(
-    ngx_http_idempotency_op_t *op, redisReply *reply);
-static ngx_int_t ngx_http_idempotency_admin_purge_send(
-    ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t del);
-static void ngx_http_idempotency_admin_purge_del(
-    ngx_http_idempotency_op_t *op, redisReply *reply);
-static void ngx_http_idempotency_admin_purge_set(
-    ngx_http_idempotency_op_t *op, redisReply *reply);
-static ngx_http_idempotency_admin_ctx_t *ngx_http_idempotency_admin_value(
-    ngx_http_idempotency_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_admin_told(ngx_http_idempotency_fetch_t *f,
+    ngx_uint_t result);
+static void ngx_http_idempotency_admin_show(
+    ngx_http_idempotency_admin_ctx_t *ctx, ngx_http_idempotency_fetch_t *f);
 static void ngx_http_idempotency_admin_purged(
-    ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t result);
+    ngx_http_idempotency_admin_ctx_t *ctx);
 static void ngx_http_idempotency_admin_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_admin_cleanup(void *data);
 static void ngx_http_idempotency_admin_finish(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_int_t rc, ngx_buf_t *b);
-static void ngx_http_idempotency_admin_refused(
-    ngx_http_idempotency_admin_ctx_t *ctx, redisReply *reply,
-    const char *command);
 static void ngx_http_idempotency_admin_fail(
     ngx_http_idempotency_admin_ctx_t *ctx, ngx_uint_t problem);
 
@@ -306,11 +283,22 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
     ctx->timeout.data = ctx;
     ctx->timeout.log = r->connection->log;
 
-    if (ngx_http_idempotency_admin_send(ctx, r->method == NGX_HTTP_DELETE)
-        != NGX_OK)
-    {
-        ngx_http_idempotency_admin_cleanup(ctx);
+    /* the store says once, through the handler, what came of it */
 
+    if (r->method == NGX_HTTP_DELETE) {
+        ctx->fetch = ngx_http_idempotency_purge(conf->redis, &ctx->rkey,
+                                             ctx->force, &ctx->log,
+                                             ngx_http_idempotency_admin_told,
+                                             ctx);
+
+    } else {
+        ctx->fetch = ngx_http_idempotency_fetch(conf->redis, &ctx->rkey,
+                                             &ctx->log,
+                                             ngx_http_idempotency_admin_told,
+                                             ctx);
+    }
+
+    if (ctx->fetch == NULL) {
         return ngx_http_idempotency_admin_refuse(r, conf,
                                      NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
     }
@@ -484,161 +472,61 @@ ngx_http_idempotency_admin_key(ngx_http_request_t *r,
 }
 
 
-/* an op of this view: the key names the node (the slot on a cluster) */
-
-static ngx_http_idempotency_op_t *
-ngx_http_idempotency_admin_op(ngx_http_idempotency_admin_ctx_t *ctx)
-{
-    ngx_http_idempotency_op_t  *op;
-
-    op = ngx_http_idempotency_op_alloc(ctx->conf->redis);
-    if (op == NULL) {
-        return NULL;
-    }
-
-    op->data = ctx;
-    op->rkey_len = ctx->rkey.len;
-    ngx_memcpy(op->rkey, ctx->rkey.data, ctx->rkey.len);
-
-    return op;
-}
-
-
-/* GET and PTTL, pipelined on the key's node; or the purge */
-
-static ngx_int_t
-ngx_http_idempotency_admin_send(ngx_http_idempotency_admin_ctx_t *ctx,
-    ngx_uint_t del)
-{
-    ngx_http_idempotency_op_t  *op;
-
-    op = ngx_http_idempotency_admin_op(ctx);
-    if (op == NULL) {
-        return NGX_ERROR;
-    }
-
-    if (del && ngx_http_idempotency_native_cas(ctx->conf->redis)) {
-        /* no script: read, then delete only what was read */
-        op->handler = ngx_http_idempotency_admin_purge_read;
-
-        if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 0) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        ctx->get = op;
-        return NGX_OK;
-    }
-
-    if (del) {
-        op->handler = ngx_http_idempotency_admin_deleted;
-
-        if (ngx_http_idempotency_purge_command(op, &ctx->rkey, ctx->force)
-            != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
-
-        ctx->get = op;
-        return NGX_OK;
-    }
-
-    op->handler = ngx_http_idempotency_admin_got;
-
-    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 0) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    ctx->get = op;
-
-    op = ngx_http_idempotency_admin_op(ctx);
-    if (op == NULL) {
-        return NGX_ERROR;
-    }
-
-    op->handler = ngx_http_idempotency_admin_pttl;
-
-    if (ngx_http_idempotency_fetch_command(op, &ctx->rkey, 1) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    ctx->ttl = op;
-
-    return NGX_OK;
-}
-
+/*
+ * What the store's fetch or purge came to, once: the fetch and its value
+ * are freed after this returns.  A purge not done because the record
+ * changed between the store's read and its delete is the same 409 as a
+ * claim in progress: the operator looks again.
+ */
 
 static void
-ngx_http_idempotency_admin_got(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_admin_told(ngx_http_idempotency_fetch_t *f,
+    ngx_uint_t result)
 {
-    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
+    ngx_http_idempotency_admin_ctx_t *ctx = f->data;
 
-    if (ctx == NULL) {
+    ctx->fetch = NULL;
+
+    switch (result) {
+
+    case NGX_HTTP_IDEMPOTENCY_FETCH_FOUND:
+        ngx_http_idempotency_admin_show(ctx, f);
         return;
-    }
 
-    ctx->get = NULL;
-
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR
-        || (reply->type != REDIS_REPLY_STRING
-            && reply->type != REDIS_REPLY_NIL))
-    {
-        /* the PTTL's reply answers 503 */
-        ngx_http_idempotency_admin_refused(ctx, reply, "GET");
+    case NGX_HTTP_IDEMPOTENCY_FETCH_PURGED:
+        ngx_http_idempotency_admin_purged(ctx);
         return;
-    }
 
-    if (reply->type == REDIS_REPLY_NIL) {
-        ctx->found = 0;
-        ctx->len = 1;   /* answered */
-        return;
-    }
-
-    ctx->value = ngx_pnalloc(ctx->request->pool, reply->len);
-    if (ctx->value == NULL) {
-        return;
-    }
-
-    ngx_memcpy(ctx->value, reply->str, reply->len);
-    ctx->len = reply->len;
-    ctx->found = 1;
-}
-
-
-static void
-ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
-
-    ngx_int_t            rc;
-    ngx_buf_t           *b;
-    ngx_http_request_t  *r;
-
-    if (ctx == NULL) {
-        return;
-    }
-
-    ctx->ttl = NULL;
-    r = ctx->request;
-
-    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER || ctx->len == 0)
-    {
-        ngx_http_idempotency_admin_refused(ctx, reply, "PTTL");
+    case NGX_HTTP_IDEMPOTENCY_FETCH_BUSY:
+    case NGX_HTTP_IDEMPOTENCY_FETCH_CHANGED:
         ngx_http_idempotency_admin_fail(ctx,
-                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
+                                        NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS);
         return;
-    }
 
-    if (!ctx->found) {
+    case NGX_HTTP_IDEMPOTENCY_FETCH_NONE:
         ngx_http_idempotency_admin_fail(ctx,
                                         NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND);
         return;
-    }
 
-    rc = ngx_http_idempotency_admin_view(r, ctx->conf, &ctx->log, &ctx->rkey,
-                                         ctx->value, ctx->len, reply->integer,
-                                         ctx->body, &b);
+    default:
+        ngx_http_idempotency_admin_fail(ctx,
+                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
+    }
+}
+
+
+/* the record and its time to live, as JSON */
+
+static void
+ngx_http_idempotency_admin_show(ngx_http_idempotency_admin_ctx_t *ctx,
+    ngx_http_idempotency_fetch_t *f)
+{
+    ngx_int_t   rc;
+    ngx_buf_t  *b;
+
+    rc = ngx_http_idempotency_admin_view(ctx->request, ctx->conf, &ctx->log,
+                                         &ctx->rkey, f->value, f->len,
+                                         f->pttl, ctx->body, &b);
 
     if (rc == NGX_HTTP_BAD_GATEWAY) {
         ngx_http_idempotency_admin_fail(ctx,
@@ -650,238 +538,28 @@ ngx_http_idempotency_admin_pttl(ngx_http_idempotency_op_t *op,
 }
 
 
-static void
-ngx_http_idempotency_admin_deleted(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
-
-    if (ctx == NULL) {
-        return;
-    }
-
-    ctx->get = NULL;
-
-    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
-        ngx_http_idempotency_admin_refused(ctx, reply, "delete");
-        ngx_http_idempotency_admin_fail(ctx,
-                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
-        return;
-    }
-
-    ngx_http_idempotency_admin_purged(ctx, (ngx_int_t) reply->integer);
-}
-
-
-/*
- * the reply to a purge's read or delete, if it is a value: else answered,
- * no record (404) or Redis unavailable (503), or nobody waits
- */
-
-static ngx_http_idempotency_admin_ctx_t *
-ngx_http_idempotency_admin_value(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_admin_ctx_t *ctx = op->data;
-
-    if (ctx == NULL) {
-        return NULL;
-    }
-
-    ctx->get = NULL;
-
-    if (reply && reply->type == REDIS_REPLY_STRING) {
-        return ctx;
-    }
-
-    if (reply && reply->type == REDIS_REPLY_NIL) {
-        ngx_http_idempotency_admin_purged(ctx, 0);
-
-    } else {
-        ngx_http_idempotency_admin_refused(ctx, reply, "read");
-        ngx_http_idempotency_admin_fail(ctx,
-                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
-    }
-
-    return NULL;
-}
-
-
-/* the record as read: a claim in progress, or deleted */
+/* who purged, where and which key: the location's name is the config's */
 
 static void
-ngx_http_idempotency_admin_purge_read(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_admin_ctx_t  *ctx;
-
-    ctx = ngx_http_idempotency_admin_value(op, reply);
-    if (ctx == NULL) {
-        return;
-    }
-
-    if (!ngx_http_idempotency_purge_allowed((u_char *) reply->str,
-                                            reply->len, ctx->force))
-    {
-        ngx_http_idempotency_admin_purged(ctx, -1);
-        return;
-    }
-
-    /* kept to compare with what the delete finds */
-
-    ctx->value = ngx_pnalloc(ctx->request->pool, reply->len);
-    if (ctx->value == NULL) {
-        ngx_http_idempotency_admin_finish(ctx,
-                                          NGX_HTTP_INTERNAL_SERVER_ERROR,
-                                          NULL);
-        return;
-    }
-
-    ngx_memcpy(ctx->value, reply->str, reply->len);
-    ctx->len = reply->len;
-
-    if (ngx_http_idempotency_admin_purge_send(ctx, 1) != NGX_OK) {
-        ngx_http_idempotency_admin_fail(ctx,
-                                     NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
-    }
-}
-
-
-/*
- * 1: purged; 0: gone or changed since the read, and the other way tells
- * which (as it does the purge where the delete is refused)
- */
-
-static void
-ngx_http_idempotency_admin_purge_del(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_int_t                          rc;
-    ngx_http_idempotency_admin_ctx_t  *ctx = op->data;
-
-    if (ctx == NULL) {
-        return;
-    }
-
-    ctx->get = NULL;
-
-    rc = ngx_http_idempotency_purge_del_result(op->redis, reply);
-
-    if (rc == NGX_OK) {
-        ngx_http_idempotency_admin_purged(ctx, 1);
-        return;
-    }
-
-    if (rc == NGX_DECLINED
-        && ngx_http_idempotency_admin_purge_send(ctx, 0) == NGX_OK)
-    {
-        return;
-    }
-
-    ngx_http_idempotency_admin_refused(ctx, reply, "delete");
-    ngx_http_idempotency_admin_fail(ctx,
-                                    NGX_HTTP_IDEMPOTENCY_ADMIN_UNAVAILABLE);
-}
-
-
-/*
- * The delete of what was read: by compare-and-delete where the server has
- * it (del), else (or to learn what a failed one met) by the compare-and-set
- * that returns the value it found
- */
-
-static ngx_int_t
-ngx_http_idempotency_admin_purge_send(ngx_http_idempotency_admin_ctx_t *ctx,
-    ngx_uint_t del)
-{
-    ngx_http_idempotency_op_t  *op;
-
-    del = del && ngx_http_idempotency_has_delifeq(ctx->conf->redis);
-
-    op = ngx_http_idempotency_admin_op(ctx);
-
-    if (op) {
-        op->handler = del ? ngx_http_idempotency_admin_purge_del
-                          : ngx_http_idempotency_admin_purge_set;
-
-        if (ngx_http_idempotency_purge_native_command(op, &ctx->rkey,
-                                                      ctx->value, ctx->len,
-                                                      del)
-            == NGX_OK)
-        {
-            ctx->get = op;
-            return NGX_OK;
-        }
-    }
-
-    return NGX_ERROR;
-}
-
-
-/*
- * what the delete found: what was read (deleted), nothing (gone since), or
- * something else (a new claim or record since: not deleted, look again)
- */
-
-static void
-ngx_http_idempotency_admin_purge_set(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_http_idempotency_admin_ctx_t  *ctx;
-
-    ctx = ngx_http_idempotency_admin_value(op, reply);
-    if (ctx == NULL) {
-        return;
-    }
-
-    ngx_http_idempotency_admin_purged(ctx,
-                                      ((size_t) reply->len == ctx->len
-                                       && ngx_memcmp(reply->str, ctx->value,
-                                                     ctx->len)
-                                          == 0)
-                                      ? 1 : -1);
-}
-
-
-/* 1: purged; 0: no record; -1: a claim in progress, not purged */
-
-static void
-ngx_http_idempotency_admin_purged(ngx_http_idempotency_admin_ctx_t *ctx,
-    ngx_int_t result)
+ngx_http_idempotency_admin_purged(ngx_http_idempotency_admin_ctx_t *ctx)
 {
     ngx_http_request_t        *r;
     ngx_http_core_loc_conf_t  *clcf;
 
     r = ctx->request;
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
-    switch (result) {
+    ngx_log_error(NGX_LOG_WARN, &ctx->log, 0,
+                  "idempotency: record purged by %V, key hash %*s%s, "
+                  "redis \"%V\", location \"%V\"",
+                  &r->connection->addr_text,
+                  (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                  ctx->rkey.data + ctx->rkey.len - 1
+                  - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                  ctx->force ? " (forced)" : "",
+                  &ctx->conf->redis->name, &clcf->name);
 
-    case 1:
-        /* who, where and which key: the location's name is the config's */
-
-        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-
-        ngx_log_error(NGX_LOG_WARN, &ctx->log, 0,
-                      "idempotency: record purged by %V, key hash %*s%s, "
-                      "redis \"%V\", location \"%V\"",
-                      &r->connection->addr_text,
-                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ctx->rkey.data + ctx->rkey.len - 1
-                      - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ctx->force ? " (forced)" : "",
-                      &ctx->conf->redis->name, &clcf->name);
-        ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_NO_CONTENT, NULL);
-        return;
-
-    case -1:
-        ngx_http_idempotency_admin_fail(ctx,
-                                        NGX_HTTP_IDEMPOTENCY_ADMIN_IN_PROGRESS);
-        return;
-
-    default:
-        ngx_http_idempotency_admin_fail(ctx,
-                                        NGX_HTTP_IDEMPOTENCY_ADMIN_NOT_FOUND);
-    }
+    ngx_http_idempotency_admin_finish(ctx, NGX_HTTP_NO_CONTENT, NULL);
 }
 
 
@@ -900,14 +578,9 @@ ngx_http_idempotency_admin_cleanup(void *data)
 {
     ngx_http_idempotency_admin_ctx_t *ctx = data;
 
-    if (ctx->get) {
-        ctx->get->data = NULL;
-        ctx->get = NULL;
-    }
-
-    if (ctx->ttl) {
-        ctx->ttl->data = NULL;
-        ctx->ttl = NULL;
+    if (ctx->fetch) {
+        ngx_http_idempotency_fetch_cancel(ctx->fetch);
+        ctx->fetch = NULL;
     }
 
     if (ctx->timeout.timer_set) {
@@ -916,27 +589,7 @@ ngx_http_idempotency_admin_cleanup(void *data)
 }
 
 
-/*
- * Redis refused one of the admin's commands (an ACL without +pttl, say):
- * the 503 sends the operator to the error log, which must then say why
- */
-
-static void
-ngx_http_idempotency_admin_refused(ngx_http_idempotency_admin_ctx_t *ctx,
-    redisReply *reply, const char *command)
-{
-    if (reply == NULL || reply->type != REDIS_REPLY_ERROR) {
-        return;
-    }
-
-    ngx_log_error(NGX_LOG_ERR, &ctx->log, 0,
-                  "idempotency: redis \"%V\" refused the admin's %s: %*s, "
-                  "at \"%V\"", &ctx->conf->redis->name, command,
-                  (size_t) reply->len, reply->str, &ctx->rkey);
-}
-
-
-/* a refusal, once; the ops still out no longer find the request */
+/* a refusal, once; the replies still out no longer find the request */
 
 static void
 ngx_http_idempotency_admin_fail(ngx_http_idempotency_admin_ctx_t *ctx,
@@ -948,7 +601,7 @@ ngx_http_idempotency_admin_fail(ngx_http_idempotency_admin_ctx_t *ctx,
 }
 
 
-/* the answer, once; the ops still out no longer find the request */
+/* the answer, once; the replies still out no longer find the request */
 
 static void
 ngx_http_idempotency_admin_finish(ngx_http_idempotency_admin_ctx_t *ctx,

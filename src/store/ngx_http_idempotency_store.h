@@ -422,18 +422,52 @@ ngx_int_t ngx_http_idempotency_durable_result(
     ngx_http_idempotency_key_op_t *kop, redisReply *reply, ngx_log_t *log,
     ngx_str_t *info);
 
-/* fetch.c: what an operator reads of a key, or purges */
-ngx_int_t ngx_http_idempotency_fetch_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, ngx_uint_t ttl);
-ngx_int_t ngx_http_idempotency_purge_command(ngx_http_idempotency_op_t *op,
-    ngx_str_t *rkey, ngx_uint_t force);
-ngx_uint_t ngx_http_idempotency_purge_allowed(u_char *value, size_t len,
-    ngx_uint_t force);
-ngx_int_t ngx_http_idempotency_purge_native_command(
-    ngx_http_idempotency_op_t *op, ngx_str_t *rkey, u_char *value,
-    size_t len, ngx_uint_t del);
-ngx_int_t ngx_http_idempotency_purge_del_result(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply);
+/*
+ * fetch.c: what an operator reads of a key (GET and PTTL), or purges, told
+ * to the layer above once, by a callback, with one of these
+ */
+#define NGX_HTTP_IDEMPOTENCY_FETCH_FOUND    0   /* value, len, pttl */
+#define NGX_HTTP_IDEMPOTENCY_FETCH_NONE     1   /* no record */
+#define NGX_HTTP_IDEMPOTENCY_FETCH_PURGED   2
+#define NGX_HTTP_IDEMPOTENCY_FETCH_BUSY     3   /* a claim in progress */
+#define NGX_HTTP_IDEMPOTENCY_FETCH_CHANGED  4   /* since the read: kept */
+#define NGX_HTTP_IDEMPOTENCY_FETCH_ERROR    5   /* logged, if Redis said */
+
+typedef struct ngx_http_idempotency_fetch_s  ngx_http_idempotency_fetch_t;
+
+/* the fetch is freed after the handler returns, and its value with it */
+typedef void (*ngx_http_idempotency_fetch_pt)(
+    ngx_http_idempotency_fetch_t *f, ngx_uint_t result);
+
+struct ngx_http_idempotency_fetch_s {
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_str_t                        rkey;       /* in key[] */
+    ngx_log_t                       *log;        /* the caller's */
+
+    ngx_http_idempotency_fetch_pt    handler;    /* NULL: cancelled */
+    void                            *data;
+
+    /* FOUND: the record, in the fetch's memory, and its time to live */
+    u_char                          *value;
+    size_t                           len;
+    long long                        pttl;       /* -1: none */
+
+    ngx_uint_t                       pending;    /* ops out */
+
+    unsigned                         force:1;    /* purge a claim too */
+    unsigned                         got:1;      /* GET answered */
+    unsigned                         found:1;    /* ...with a value */
+
+    u_char                           key[NGX_HTTP_IDEMPOTENCY_STORE_KEY_MAX];
+};
+
+ngx_http_idempotency_fetch_t *ngx_http_idempotency_fetch(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_log_t *log,
+    ngx_http_idempotency_fetch_pt handler, void *data);
+ngx_http_idempotency_fetch_t *ngx_http_idempotency_purge(
+    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_uint_t force,
+    ngx_log_t *log, ngx_http_idempotency_fetch_pt handler, void *data);
+void ngx_http_idempotency_fetch_cancel(ngx_http_idempotency_fetch_t *f);
 ngx_int_t ngx_http_idempotency_sealed_id(u_char *data, size_t len,
     ngx_str_t *id);
 
