@@ -21,6 +21,23 @@
 #include "ngx_http_idempotency_http.h"
 
 
+/* what could be read of a record: all of it, or a sealed one's head */
+typedef struct {
+    ngx_http_idempotency_record_t    rec;
+    ngx_str_t                        id;         /* a sealed one's key id */
+    ngx_int_t                        sealed;     /* NGX_DECLINED: clear */
+    ngx_uint_t                       opened;
+    const char                      *why;        /* not opened: why */
+} ngx_http_idempotency_admin_rec_t;
+
+
+static ngx_int_t ngx_http_idempotency_admin_open(
+    ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
+    u_char *value, size_t vlen, ngx_http_idempotency_admin_rec_t *v);
+static u_char *ngx_http_idempotency_admin_sealed(u_char *p,
+    ngx_http_idempotency_admin_rec_t *v);
+static u_char *ngx_http_idempotency_admin_headers(u_char *p,
+    ngx_http_idempotency_record_t *rec);
 static u_char *ngx_http_idempotency_admin_escape(u_char *dst, u_char *src,
     size_t size);
 
@@ -35,77 +52,36 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
     ngx_buf_t **out)
 {
-    u_char                         *p, *h;
-    size_t                          len;
-    uint64_t                        now, expires, lease;
-    ngx_int_t                       rc, sealed;
-    ngx_str_t                       name, hvalue, src, dst, id;
-    ngx_buf_t                      *b;
-    ngx_uint_t                      i, status, hsize, opened;
-    const char                     *state, *why;
-    ngx_http_idempotency_record_t   rec;
+    u_char                            *p;
+    size_t                             len;
+    uint64_t                           now, expires, lease;
+    ngx_str_t                          src, dst;
+    ngx_buf_t                         *b;
+    ngx_uint_t                         status, hsize;
+    const char                        *state;
+    ngx_http_idempotency_admin_rec_t   v;
 
     *out = NULL;
 
-    /*
-     * A sealed record is opened with the location's keys, as on replay;
-     * without them, what is clear in it is still worth showing
-     */
-
-    ngx_str_null(&id);
-
-    sealed = ngx_http_idempotency_sealed_id(value, vlen, &id);
-    opened = 0;
-    why = NULL;
-
-    if (sealed == NGX_DECLINED) {
-        if (ngx_http_idempotency_record_decode(value, vlen, &rec) != NGX_OK) {
-            ngx_log_error(NGX_LOG_ERR, log, 0,
-                          "idempotency: corrupt record in redis \"%V\" at "
-                          "\"%V\" (%uz bytes)", &conf->redis->name, rkey,
-                          vlen);
-            return NGX_HTTP_BAD_GATEWAY;
-        }
-
-    } else {
-        if (sealed == NGX_ERROR) {
-            ngx_str_null(&id);
-        }
-
-        if (conf->encrypt_keys == NULL) {
-            why = "no idempotency_encrypt_key in this location";
-
-        } else {
-            /* its line in the error log says why, by the key hash */
-
-            rc = ngx_http_idempotency_crypt_open(conf->encrypt_keys, log,
-                                                 rkey, value, vlen, &rec);
-            opened = (rc == NGX_OK);
-            why = "not opened with the keys of this location: see the "
-                  "error log";
-        }
-
-        if (!opened) {
-            /* sealed records are completed ones: the head alone is clear */
-            ngx_memzero(&rec, sizeof(ngx_http_idempotency_record_t));
-            rec.state = NGX_HTTP_IDEMPOTENCY_REC_DONE;
-            rec.fingerprint = ngx_http_idempotency_head_fingerprint(value);
-        }
+    if (ngx_http_idempotency_admin_open(conf, log, rkey, value, vlen, &v)
+        != NGX_OK)
+    {
+        return NGX_HTTP_BAD_GATEWAY;
     }
 
     now = ngx_http_idempotency_epoch_msec();
     expires = pttl > 0 ? now + (uint64_t) pttl : 0;
-    status = rec.status;
+    status = v.rec.status;
 
-    state = ngx_http_idempotency_admin_state(rec.state, value, now,
+    state = ngx_http_idempotency_admin_state(v.rec.state, value, now,
                                              conf->lock_ttl / 3, &status,
                                              &lease);
 
-    hsize = rec.headers_end ? (ngx_uint_t) (rec.headers_end - rec.headers)
+    hsize = v.rec.headers_end ? (ngx_uint_t) (v.rec.headers_end - v.rec.headers)
                             : 0;
 
     /*
-     * the fixed members; the sealed one with its id escaped and its
+     * the fixed members; the v.sealed one with its id escaped and its
      * detail; the headers, each byte at worst escaped, with their brackets,
      * quotes and commas (8); the body in base64
      */
@@ -113,12 +89,12 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     len = 512
           + sizeof(",\"sealed\":{\"key_id\":\"\",\"opened\":false,"
                    "\"detail\":\"\"}") - 1
-          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * id.len
-          + (why ? ngx_strlen(why) : 0)
-          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * hsize + 8 * rec.nheaders;
+          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * v.id.len
+          + (v.why ? ngx_strlen(v.why) : 0)
+          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * hsize + 8 * v.rec.nheaders;
 
     if (body) {
-        len += ngx_base64_encoded_length(rec.body_len);
+        len += ngx_base64_encoded_length(v.rec.body_len);
     }
 
     b = ngx_create_temp_buf(r->pool, len);
@@ -133,7 +109,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 
     p = ngx_cpymem(p, ",\"stored_at\":", sizeof(",\"stored_at\":") - 1);
 
-    if (expires && rec.state != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
+    if (expires && v.rec.state != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
         && expires > conf->ttl)
     {
         p = ngx_http_idempotency_admin_time(p, expires - conf->ttl);
@@ -150,75 +126,32 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     p = lease ? ngx_http_idempotency_admin_time(p, lease)
               : ngx_cpymem(p, "null", 4);
 
-    if (sealed != NGX_DECLINED && !opened) {
+    if (v.sealed != NGX_DECLINED && !v.opened) {
         p = ngx_cpymem(p, ",\"size\":null", sizeof(",\"size\":null") - 1);
 
     } else {
         p = ngx_sprintf(p, ",\"size\":{\"headers\":%ui,\"body\":%uz}",
-                        hsize, rec.body_len);
+                        hsize, v.rec.body_len);
     }
 
     p = ngx_cpymem(p, ",\"fingerprint\":\"", sizeof(",\"fingerprint\":\"") - 1);
-    p = ngx_hex_dump(p, rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    p = ngx_hex_dump(p, v.rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
     p = ngx_cpymem(p, "\",\"sealed\":", sizeof("\",\"sealed\":") - 1);
 
-    if (sealed == NGX_DECLINED) {
-        p = ngx_cpymem(p, "null", 4);
+    p = ngx_http_idempotency_admin_sealed(p, &v);
 
-    } else {
-        p = ngx_cpymem(p, "{\"key_id\":", sizeof("{\"key_id\":") - 1);
-
-        if (id.len) {
-            *p++ = '"';
-            p = ngx_http_idempotency_admin_escape(p, id.data, id.len);
-            *p++ = '"';
-
-        } else {
-            p = ngx_cpymem(p, "null", 4);
-        }
-
-        p = ngx_sprintf(p, ",\"opened\":%s", opened ? "true" : "false");
-
-        if (!opened) {
-            p = ngx_sprintf(p, ",\"detail\":\"%s\"", why);
-        }
-
-        *p++ = '}';
-
-        if (!opened) {
-            p = ngx_cpymem(p, ",\"headers\":null}\n",
-                           sizeof(",\"headers\":null}\n") - 1);
-            goto done;
-        }
+    if (v.sealed != NGX_DECLINED && !v.opened) {
+        p = ngx_cpymem(p, ",\"headers\":null}\n",
+                       sizeof(",\"headers\":null}\n") - 1);
+        goto done;
     }
 
-    p = ngx_cpymem(p, ",\"headers\":[", sizeof(",\"headers\":[") - 1);
+    p = ngx_http_idempotency_admin_headers(p, &v.rec);
 
-    h = rec.headers;
-
-    for (i = 0; i < rec.nheaders; i++) {
-        h = ngx_http_idempotency_record_next_header(h, &name, &hvalue);
-
-        *p++ = i ? ',' : '[';
-
-        if (i) {
-            *p++ = '[';
-        }
-
-        *p++ = '"';
-        p = ngx_http_idempotency_admin_escape(p, name.data, name.len);
-        p = ngx_cpymem(p, "\",\"", 3);
-        p = ngx_http_idempotency_admin_escape(p, hvalue.data, hvalue.len);
-        *p++ = '"';
-        *p++ = ']';
-    }
-
-    *p++ = ']';
-
-    if (body && rec.body) {
+    if (body && v.rec.body) {
         p = ngx_cpymem(p, ",\"body\":\"", sizeof(",\"body\":\"") - 1);
-        src.data = rec.body;
-        src.len = rec.body_len;
+        src.data = v.rec.body;
+        src.len = v.rec.body_len;
         dst.data = p;
         ngx_encode_base64(&dst, &src);
         p += dst.len;
@@ -234,6 +167,137 @@ done:
     *out = b;
 
     return NGX_HTTP_OK;
+}
+
+
+/*
+ * A sealed record is opened with the location's keys, as on replay;
+ * without them, what is clear in it is still worth showing.  NGX_ERROR: a
+ * clear record that does not decode, logged.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_admin_open(ngx_http_idempotency_loc_conf_t *conf,
+    ngx_log_t *log, ngx_str_t *rkey, u_char *value, size_t vlen,
+    ngx_http_idempotency_admin_rec_t *v)
+{
+    ngx_int_t  rc;
+
+    ngx_str_null(&v->id);
+
+    v->sealed = ngx_http_idempotency_sealed_id(value, vlen, &v->id);
+    v->opened = 0;
+    v->why = NULL;
+
+    if (v->sealed == NGX_DECLINED) {
+        if (ngx_http_idempotency_record_decode(value, vlen, &v->rec)
+            != NGX_OK)
+        {
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "idempotency: corrupt record in redis \"%V\" at "
+                          "\"%V\" (%uz bytes)", &conf->redis->name, rkey,
+                          vlen);
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    if (v->sealed == NGX_ERROR) {
+        ngx_str_null(&v->id);
+    }
+
+    if (conf->encrypt_keys == NULL) {
+        v->why = "no idempotency_encrypt_key in this location";
+
+    } else {
+        /* its line in the error log says why, by the key hash */
+
+        rc = ngx_http_idempotency_crypt_open(conf->encrypt_keys, log, rkey,
+                                             value, vlen, &v->rec);
+        v->opened = (rc == NGX_OK);
+        v->why = "not opened with the keys of this location: see the "
+                 "error log";
+    }
+
+    if (!v->opened) {
+        /* sealed records are completed ones: the head alone is clear */
+        ngx_memzero(&v->rec, sizeof(ngx_http_idempotency_record_t));
+        v->rec.state = NGX_HTTP_IDEMPOTENCY_REC_DONE;
+        v->rec.fingerprint = ngx_http_idempotency_head_fingerprint(value);
+    }
+
+    return NGX_OK;
+}
+
+
+/* the "sealed" member: null for a clear record */
+
+static u_char *
+ngx_http_idempotency_admin_sealed(u_char *p,
+    ngx_http_idempotency_admin_rec_t *v)
+{
+    if (v->sealed == NGX_DECLINED) {
+        return ngx_cpymem(p, "null", 4);
+    }
+
+    p = ngx_cpymem(p, "{\"key_id\":", sizeof("{\"key_id\":") - 1);
+
+    if (v->id.len) {
+        *p++ = '"';
+        p = ngx_http_idempotency_admin_escape(p, v->id.data, v->id.len);
+        *p++ = '"';
+
+    } else {
+        p = ngx_cpymem(p, "null", 4);
+    }
+
+    p = ngx_sprintf(p, ",\"opened\":%s", v->opened ? "true" : "false");
+
+    if (!v->opened) {
+        p = ngx_sprintf(p, ",\"detail\":\"%s\"", v->why);
+    }
+
+    *p++ = '}';
+
+    return p;
+}
+
+
+/* the "headers" member: [name, value] pairs, every byte escaped as JSON */
+
+static u_char *
+ngx_http_idempotency_admin_headers(u_char *p,
+    ngx_http_idempotency_record_t *rec)
+{
+    u_char      *h;
+    ngx_str_t    name, value;
+    ngx_uint_t   i;
+
+    p = ngx_cpymem(p, ",\"headers\":[", sizeof(",\"headers\":[") - 1);
+
+    h = rec->headers;
+
+    for (i = 0; i < rec->nheaders; i++) {
+        h = ngx_http_idempotency_record_next_header(h, &name, &value);
+
+        *p++ = i ? ',' : '[';
+
+        if (i) {
+            *p++ = '[';
+        }
+
+        *p++ = '"';
+        p = ngx_http_idempotency_admin_escape(p, name.data, name.len);
+        p = ngx_cpymem(p, "\",\"", 3);
+        p = ngx_http_idempotency_admin_escape(p, value.data, value.len);
+        *p++ = '"';
+        *p++ = ']';
+    }
+
+    *p++ = ']';
+
+    return p;
 }
 
 

@@ -290,6 +290,14 @@ ngx_uint_t ngx_http_idempotency_header_lines(ngx_list_t *headers,
      || (status) >= NGX_HTTP_INTERNAL_SERVER_ERROR)
 
 /* reply.c */
+ngx_int_t ngx_http_idempotency_reject(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem);
+ngx_int_t ngx_http_idempotency_reject_detail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem,
+    ngx_str_t *detail);
+ngx_int_t ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_int_t rc, ngx_str_t *raw,
+    ngx_str_t *key);
 ngx_int_t ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t unknown_status, ngx_str_t *detail);

@@ -4,6 +4,8 @@
  *
  * Answers nginx gives itself: RFC 9457 problems and stored replays.  They
  * are sent directly, not through error_page, so they are deterministic.
+ * A request refused by its key (missing, invalid: the rule it broke) is
+ * answered here too.
  */
 
 
@@ -570,4 +572,99 @@ ngx_http_idempotency_send(ngx_http_request_t *r, u_char *data, size_t len)
     ngx_http_finalize_request(r, ngx_http_output_filter(r, &out));
 
     return NGX_DONE;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_reject(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem)
+{
+    return ngx_http_idempotency_reject_detail(r, ctx, status, problem, NULL);
+}
+
+
+ngx_int_t
+ngx_http_idempotency_reject_detail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status, ngx_uint_t problem,
+    ngx_str_t *detail)
+{
+    ctx->status = status;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+
+    if (ctx->conf->dry_run) {
+        /* only $idempotency_status tells what would have happened */
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_idempotency_send_problem_detail(r, ctx->conf, problem,
+                                                    ctx->unknown_status,
+                                                    detail);
+}
+
+
+/*
+ * 400 invalid-key, with the rule the key broke in the detail, so that a
+ * client's developer need not guess; the reason is logged, never the key
+ */
+
+ngx_int_t
+ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_int_t rc, ngx_str_t *raw,
+    ngx_str_t *key)
+{
+    u_char     *p;
+    size_t      max;
+    ngx_str_t   detail;
+
+    max = ctx->conf->key_max_length;
+
+    p = ngx_pnalloc(r->pool, 256);
+    if (p == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    detail.data = p;
+
+    if (rc == NGX_ERROR) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: key rejected: several "
+                      "Idempotency-Key headers");
+
+        p = ngx_sprintf(p, "Send one Idempotency-Key header: this request "
+                           "has several.");
+
+    } else if (key->len > max) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: key rejected: longer than "
+                      "idempotency_key_max_length, %uz bytes", raw->len);
+
+        p = ngx_sprintf(p, "The Idempotency-Key is %uz characters long; "
+                           "at most %uz are accepted.", key->len, max);
+
+    } else if (key->len == 0 && raw->len == 2) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: key rejected: empty");
+
+        p = ngx_sprintf(p, "The Idempotency-Key is empty: send 1 to %uz "
+                           "characters.", max);
+
+    } else {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: key rejected: not a quoted string or "
+                      "a token of printable ASCII, %uz bytes", raw->len);
+
+        /* the table's details go out unescaped: no double quote here */
+
+        p = ngx_sprintf(p, "The Idempotency-Key must be visible ASCII "
+                           "characters without spaces, double quotes or "
+                           "commas, or a quoted string (RFC 8941) of "
+                           "printable ASCII.");
+    }
+
+    detail.len = p - detail.data;
+
+    return ngx_http_idempotency_reject_detail(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_INVALID,
+                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_INVALID,
+                                        &detail);
 }
