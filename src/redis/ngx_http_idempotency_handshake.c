@@ -37,6 +37,9 @@ static void ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static void ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
+static ngx_int_t ngx_http_idempotency_handshake_send(
+    ngx_http_idempotency_node_t *node, ngx_http_idempotency_reply_pt handler,
+    int argc, const char **argv, const size_t *argvlen);
 static ngx_int_t ngx_http_idempotency_node_info(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
@@ -66,7 +69,6 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
                                         + NGX_INT64_LEN];
     size_t                         argvlen[3];
     const char                    *argv[3];
-    ngx_http_idempotency_op_t     *op;
     ngx_http_idempotency_redis_t  *redis;
 
     redis = node->redis;
@@ -83,14 +85,9 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         argv[argc] = (const char *) redis->password.data;
         argvlen[argc++] = redis->password.len;
 
-        op = ngx_http_idempotency_op_alloc(redis);
-        if (op == NULL) {
-            return;
-        }
-
-        op->handler = ngx_http_idempotency_handshake_done;
-
-        if (ngx_http_idempotency_node_command(node, op, argc, argv, argvlen)
+        if (ngx_http_idempotency_handshake_send(node,
+                                        ngx_http_idempotency_handshake_done,
+                                        argc, argv, argvlen)
             != NGX_OK)
         {
             return;
@@ -102,14 +99,9 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         argv[1] = (const char *) db;
         argvlen[1] = ngx_sprintf(db, "%ui", redis->db) - db;
 
-        op = ngx_http_idempotency_op_alloc(redis);
-        if (op == NULL) {
-            return;
-        }
-
-        op->handler = ngx_http_idempotency_handshake_done;
-
-        if (ngx_http_idempotency_node_command(node, op, 2, argv, argvlen)
+        if (ngx_http_idempotency_handshake_send(node,
+                                        ngx_http_idempotency_handshake_done,
+                                        2, argv, argvlen)
             != NGX_OK)
         {
             return;
@@ -121,14 +113,9 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
     argv[2] = (const char *) name;
     argvlen[2] = ngx_sprintf(name, "nginx-idempotency-%P", ngx_pid) - name;
 
-    op = ngx_http_idempotency_op_alloc(redis);
-    if (op == NULL) {
-        return;
-    }
-
-    op->handler = ngx_http_idempotency_setname_done;
-
-    if (ngx_http_idempotency_node_command(node, op, 3, argv, argvlen)
+    if (ngx_http_idempotency_handshake_send(node,
+                                        ngx_http_idempotency_setname_done,
+                                        3, argv, argvlen)
         != NGX_OK)
     {
         return;
@@ -159,21 +146,35 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
 static ngx_int_t
 ngx_http_idempotency_node_info(ngx_http_idempotency_node_t *node)
 {
-    size_t                      argvlen[2];
-    const char                 *argv[2];
-    ngx_http_idempotency_op_t  *op;
+    size_t       argvlen[2];
+    const char  *argv[2];
 
     ngx_http_idempotency_arg(argv, argvlen, 0, "INFO");
     ngx_http_idempotency_arg(argv, argvlen, 1, "server");
+
+    return ngx_http_idempotency_handshake_send(node,
+                                               ngx_http_idempotency_info_done,
+                                               2, argv, argvlen);
+}
+
+
+/* one command of the handshake, ahead of whatever is queued */
+
+static ngx_int_t
+ngx_http_idempotency_handshake_send(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_reply_pt handler, int argc, const char **argv,
+    const size_t *argvlen)
+{
+    ngx_http_idempotency_op_t  *op;
 
     op = ngx_http_idempotency_op_alloc(node->redis);
     if (op == NULL) {
         return NGX_ERROR;
     }
 
-    op->handler = ngx_http_idempotency_info_done;
+    op->handler = handler;
 
-    return ngx_http_idempotency_node_command(node, op, 2, argv, argvlen);
+    return ngx_http_idempotency_node_command(node, op, argc, argv, argvlen);
 }
 
 
@@ -649,6 +650,8 @@ ngx_http_idempotency_reply_passing(redisReply *reply, ngx_uint_t busy)
 {
     size_t       len, n;
     ngx_uint_t   i;
+
+    /* BUSY last: without busy, the loop stops before it */
 
     static char  *codes[] = {
         "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY"
