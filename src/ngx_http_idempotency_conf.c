@@ -13,6 +13,15 @@
 #include "ngx_http_idempotency_module.h"
 
 
+/* "0 aof" is on: WAITAOF for the primary's fsync alone */
+#define ngx_http_idempotency_wait_on(conf)                                    \
+    ((conf)->redis_wait || (conf)->redis_wait_aof)
+
+
+static void ngx_http_idempotency_wait_conf_error(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf, const char *fmt, ...);
+
+
 /*
  * nginx -t warnings, once per location: not for http{} and server{}, whose
  * settings the locations inherit, nor for "if" and "limit_except" blocks,
@@ -379,4 +388,223 @@ ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_strlow(name->data, value[1].data, name->len);
 
     return NGX_CONF_OK;
+}
+
+
+/* idempotency_redis_wait off | N [TIMEOUT] [aof] */
+
+char *
+ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_int_t   n;
+    ngx_str_t  *value;
+    ngx_uint_t  nelts, aof;
+    ngx_msec_t  timeout;
+
+    if (ilcf->redis_wait != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    /* the timeout is checked at merge, at the end of http{}: name this */
+
+    if (cf->conf_file) {
+        ilcf->redis_wait_file = cf->conf_file->file.name;
+        ilcf->redis_wait_line = cf->conf_file->line;
+    }
+
+    value = cf->args->elts;
+    nelts = cf->args->nelts;
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+
+        if (nelts > 2) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis_wait off\" takes no "
+                               "timeout, not \"%V\"", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+
+        ilcf->redis_wait = 0;
+        ilcf->redis_wait_aof = 0;
+        ilcf->redis_wait_timeout = 100;
+        return NGX_CONF_OK;
+    }
+
+    aof = 0;
+
+    if (nelts > 2 && value[nelts - 1].len == 3
+        && ngx_strncmp(value[nelts - 1].data, "aof", 3) == 0)
+    {
+        aof = 1;
+        nelts--;
+    }
+
+    if (nelts > 3) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" of \"%V\": expected "
+                           "off, or N [TIMEOUT] [aof]", &value[3], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    n = ngx_atoi(value[1].data, value[1].len);
+
+    /* WAIT 0 asks for nothing; WAITAOF 1 0 for the primary's own fsync */
+
+    if (n == NGX_ERROR || (n == 0 && !aof)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis_wait\" expects \"off\" or "
+                           "a number of replicas of 1 or more (0 or more "
+                           "with \"aof\"), not \"%V\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    timeout = 100;
+
+    if (nelts == 3) {
+        timeout = ngx_parse_time(&value[2], 0);
+
+        /* WAIT with 0 blocks the connection for ever */
+
+        if (timeout == (ngx_msec_t) NGX_ERROR || timeout == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis_wait\" timeout must be "
+                               "at least 1ms, not \"%V\"", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ilcf->redis_wait = n;
+    ilcf->redis_wait_aof = aof;
+    ilcf->redis_wait_timeout = timeout;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * The claim's deadline is idempotency_redis_timeout, and WAIT holds the
+ * connection for up to its TIMEOUT: a TIMEOUT that does not fit in it would
+ * turn every unacknowledged claim into a timeout and a reconnect.  The
+ * connection's watchdog is the smallest idempotency_redis_timeout of the
+ * places that use the target, so every WAIT on it must fit in that too;
+ * checked whenever either changes, so the last merge sees both final.
+ */
+
+char *
+ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *prev,
+    ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    if (conf->redis_wait == NGX_CONF_UNSET_UINT) {
+        conf->redis_wait_aof = prev->redis_wait_aof;
+        conf->redis_wait_file = prev->redis_wait_file;
+        conf->redis_wait_line = prev->redis_wait_line;
+    }
+
+    ngx_conf_merge_uint_value(conf->redis_wait, prev->redis_wait, 0);
+    ngx_conf_merge_msec_value(conf->redis_wait_timeout,
+                              prev->redis_wait_timeout, 100);
+
+    if (ngx_http_idempotency_wait_on(conf)
+        && conf->redis_wait_timeout >= conf->redis_timeout)
+    {
+        ngx_http_idempotency_wait_conf_error(cf, conf,
+                           "the \"idempotency_redis_wait\" timeout (%M ms) "
+                           "must be shorter than \"idempotency_redis_timeout\""
+                           " (%M ms)", conf->redis_wait_timeout,
+                           conf->redis_timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!conf->enable) {
+        return NGX_CONF_OK;
+    }
+
+    redis = conf->redis;
+
+    if (ngx_http_idempotency_wait_on(conf)
+        && conf->redis_wait_timeout > redis->wait_timeout)
+    {
+        redis->wait_timeout = conf->redis_wait_timeout;
+    }
+
+    if (redis->wait_timeout && redis->wait_timeout >= redis->timeout) {
+        ngx_http_idempotency_wait_conf_error(cf, conf,
+                           "an \"idempotency_redis_wait\" timeout (%M ms) "
+                           "on redis \"%V\" must be shorter than the "
+                           "smallest \"idempotency_redis_timeout\" (%M ms) "
+                           "of the places that use it",
+                           redis->wait_timeout, &redis->name, redis->timeout);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Merging runs at the end of http{}, where ngx_conf_log_error() would
+ * point: name the line of idempotency_redis_wait, or else of the location
+ * whose idempotency_redis_timeout is too short for a WAIT elsewhere.
+ */
+
+static void
+ngx_http_idempotency_wait_conf_error(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf, const char *fmt, ...)
+{
+    u_char      *p, errstr[NGX_MAX_CONF_ERRSTR];
+    va_list      args;
+    ngx_str_t   *file;
+    ngx_uint_t   line;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(errstr, errstr + NGX_MAX_CONF_ERRSTR, fmt, args);
+    va_end(args);
+
+    file = &conf->redis_wait_file;
+    line = conf->redis_wait_line;
+
+    if (line == 0 || !ngx_http_idempotency_wait_on(conf)) {
+        file = &conf->conf_file;
+        line = conf->conf_line;
+    }
+
+    if (line == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%*s", p - errstr, errstr);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0, "%*s in %V:%ui",
+                  p - errstr, errstr, file, line);
+}
+
+
+/* what every claim of the location is, set once here, not per request */
+
+void
+ngx_http_idempotency_claim_conf(ngx_http_idempotency_loc_conf_t *conf)
+{
+    ngx_http_idempotency_claim_conf_t  *cc;
+
+    cc = &conf->claim;
+
+    cc->redis = conf->redis;
+    cc->keys = conf->encrypt_keys;
+    cc->lock_ttl = conf->lock_ttl;
+    cc->ttl = conf->ttl;
+    cc->timeout = conf->redis_timeout;
+    cc->replicas = conf->redis_wait;
+    cc->replicas_timeout = conf->redis_wait_timeout;
+    cc->zone = conf->metrics_zone;
+    cc->on_unknown = conf->on_unknown;
+    cc->replicas_on = ngx_http_idempotency_wait_on(conf);
+    cc->aof = conf->redis_wait_aof ? 1 : 0;
+    cc->immediate = conf->store_immediate ? 1 : 0;
+    cc->dry_run = conf->dry_run ? 1 : 0;
+    cc->passes = (conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS);
 }

@@ -652,6 +652,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
         return NGX_CONF_ERROR;
     }
 
+    ngx_http_idempotency_claim_conf(conf);
+
     ngx_conf_merge_value(conf->tls_verify, prev->tls_verify, 1);
     ngx_conf_merge_str_value(conf->tls_trusted_certificate,
                              prev->tls_trusted_certificate, "");

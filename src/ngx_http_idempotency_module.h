@@ -30,6 +30,12 @@ char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
 size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
 char *ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *prev,
+    ngx_http_idempotency_loc_conf_t *conf);
+void ngx_http_idempotency_claim_conf(ngx_http_idempotency_loc_conf_t *conf);
 
 /* version.c */
 ngx_int_t ngx_http_idempotency_init_module(ngx_cycle_t *cycle);

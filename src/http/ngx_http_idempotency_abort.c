@@ -86,7 +86,7 @@ ngx_http_idempotency_conn_handler(ngx_event_t *ev)
         return;
     }
 
-    if (ctx->owner && !ctx->finished && r->main->upstream) {
+    if (ctx->owner && !ctx->claim->finished && r->main->upstream) {
 
         if (ngx_exiting && ngx_http_idempotency_closing(r->main)) {
             /* worker_shutdown_timeout: the request ends, the claim stays */

@@ -63,17 +63,15 @@ ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
 void
 ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
 {
-    if (ctx->op) {
-        ctx->op->op.data = NULL;
-        ctx->op = NULL;
+    if (ctx->claim) {
+        ngx_http_idempotency_claim_detach(ctx->claim);
     }
 
-    ngx_http_idempotency_wait_detach(ctx);
     ngx_http_idempotency_notify_unwatch(ctx);
     ngx_http_idempotency_fresh_detach(ctx);
 
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
+    if (ctx->poll.timer_set) {
+        ngx_del_timer(&ctx->poll);
     }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
@@ -92,9 +90,8 @@ ngx_http_idempotency_cleanup(void *data)
     ngx_http_idempotency_abandon(ctx);
     ngx_http_idempotency_fingerprint_free(ctx);
     ngx_http_idempotency_keep_done(r, ctx);
-    ngx_http_idempotency_lease_stop(ctx);
 
-    if (!ctx->owner || ctx->finished) {
+    if (!ctx->owner || ctx->claim->finished) {
         return;
     }
 
@@ -106,4 +103,44 @@ ngx_http_idempotency_cleanup(void *data)
      */
 
     ngx_http_idempotency_give_up(r, ctx);
+}
+
+
+/*
+ * What names the request in the log lines of its store or release, which
+ * may come after nginx has freed it: the client, the request line, and
+ * the key's hash (never the key).  buf holds INFO_LEN bytes.
+ */
+
+u_char *
+ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf)
+{
+    u_char              *last;
+    ngx_str_t           *line;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    line = &ctx->request_line;
+    last = buf + NGX_HTTP_IDEMPOTENCY_INFO_LEN;
+
+    /*
+     * copied, not ngx_slprintf()ed: this runs for every store; the key
+     * hash and an address always fit, the line is cut to fit, and the
+     * closing quote always goes in
+     */
+
+    buf = ngx_cpymem(buf, "key hash ", sizeof("key hash ") - 1);
+    buf = ngx_cpymem(buf, ngx_http_idempotency_key_hash(ctx),
+                     2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    buf = ngx_cpymem(buf, ", client: ", sizeof(", client: ") - 1);
+    buf = ngx_cpymem(buf, r->connection->addr_text.data,
+                     ngx_min(r->connection->addr_text.len,
+                             (size_t) NGX_SOCKADDR_STRLEN));
+    buf = ngx_cpymem(buf, ", request: \"", sizeof(", request: \"") - 1);
+    buf = ngx_cpymem(buf, line->data,
+                     ngx_min(line->len, (size_t) (last - buf - 1)));
+    *buf++ = '"';
+
+    return buf;
 }

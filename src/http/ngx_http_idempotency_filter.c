@@ -52,7 +52,9 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 
     ctx = ngx_http_idempotency_get_ctx(r);
 
-    if (ctx == NULL || !ctx->owner || ctx->finished || ctx->header_seen) {
+    if (ctx == NULL || !ctx->owner || ctx->claim->finished
+        || ctx->header_seen)
+    {
         return ngx_http_idempotency_next_header(r);
     }
 
@@ -71,11 +73,11 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
                        "idempotency: upstream never reached (%ui), releasing",
                        r->headers_out.status);
 
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_claim_release(ctx->claim);
         return ngx_http_idempotency_next_header(r);
 
     case NGX_HTTP_IDEMPOTENCY_OUT_SENT:
-        ngx_http_idempotency_unknown(r, ctx, status);
+        ngx_http_idempotency_claim_unknown(ctx->claim, status);
 
         if (ctx->conf->on_unknown != NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP) {
             return ngx_http_idempotency_next_header(r);
@@ -114,7 +116,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
                        "idempotency: status %ui not stored, releasing",
                        r->headers_out.status);
 
-        ngx_http_idempotency_release(r, ctx);
+        ngx_http_idempotency_claim_release(ctx->claim);
         return ngx_http_idempotency_next_header(r);
     }
 
@@ -128,7 +130,7 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     rc = ngx_http_idempotency_capture_header(r, ctx->conf, &ctx->capture,
-                                             ctx->claim);
+                                             ctx->claim->head);
 
     if (rc == NGX_DECLINED) {
         ngx_http_idempotency_too_large(r, ctx);
@@ -575,8 +577,8 @@ ngx_http_idempotency_store_record(ngx_http_request_t *r,
         return;
     }
 
-    ngx_http_idempotency_finish(ctx, rec, len, ctx->conf->ttl,
-                                r->connection->log);
+    ctx->capturing = 0;
+    ngx_http_idempotency_claim_store(ctx->claim, rec, len);
 }
 
 
@@ -599,11 +601,11 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
         return;
     }
 
-    ngx_http_idempotency_build_too_large(buf, ctx->claim,
+    ngx_http_idempotency_build_too_large(buf, ctx->claim->head,
                                          r->headers_out.status);
 
-    ngx_http_idempotency_finish(ctx, buf, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN,
-                                ctx->conf->ttl, r->connection->log);
+    ngx_http_idempotency_claim_store(ctx->claim, buf,
+                                     NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
 }
 
 

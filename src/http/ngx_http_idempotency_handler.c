@@ -24,25 +24,17 @@ static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_create_ctx(
     ngx_http_request_t *r, ngx_http_idempotency_loc_conf_t *conf);
 static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
+static void ngx_http_idempotency_claim_setup(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
-static ngx_uint_t ngx_http_idempotency_decide(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply, ngx_uint_t *itself);
-static ngx_http_idempotency_key_op_t *ngx_http_idempotency_claim_op(
-    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx,
-    ngx_http_idempotency_reply_pt handler);
-static ngx_int_t ngx_http_idempotency_take_over(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply);
+static void ngx_http_idempotency_claimed(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t answer);
 static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_suspend(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer);
-static void ngx_http_idempotency_timeout_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_suspend(ngx_http_request_t *r);
+static void ngx_http_idempotency_poll_handler(ngx_event_t *ev);
 
 
 static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
@@ -179,6 +171,12 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
            != NGX_OK)
     {
         return ngx_http_idempotency_invalid_key(r, ctx, rc, &raw, &key);
+    }
+
+    ctx->claim = ngx_http_idempotency_claim_create(r->pool,
+                                                   r->connection->log);
+    if (ctx->claim == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     if (ngx_http_idempotency_record_key(r, ctx, &key) != NGX_OK
@@ -318,9 +316,9 @@ ngx_http_idempotency_create_ctx(ngx_http_request_t *r,
     ctx->request_line = r->request_line;
     ctx->conf = conf;
     ctx->redis = conf->redis;
-    ctx->timeout.handler = ngx_http_idempotency_timeout_handler;
-    ctx->timeout.data = r;
-    ctx->timeout.log = r->connection->log;
+    ctx->poll.handler = ngx_http_idempotency_poll_handler;
+    ctx->poll.data = r;
+    ctx->poll.log = r->connection->log;
     ctx->poll_delay = NGX_HTTP_IDEMPOTENCY_POLL_MIN;
 
     ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
@@ -341,6 +339,8 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
         return;
     }
 
+    ngx_http_idempotency_claim_setup(r, ctx);
+
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
 
     /* a request with a key is never "bypass", even if its client leaves */
@@ -351,316 +351,58 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
 }
 
 
+/* what the claim is, from the location that claims */
+
+static void
+ngx_http_idempotency_claim_setup(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_claim_t  *c;
+
+    c = ctx->claim;
+
+    c->conf = &ctx->conf->claim;
+    c->rkey = ctx->rkey;
+    c->handler = ngx_http_idempotency_claimed;
+    c->data = ctx;
+    c->info_len = ngx_http_idempotency_request_info(ctx, c->info) - c->info;
+}
+
+
 /* one round trip: create the claim, or get the record that is there */
 
 static ngx_int_t
 ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_http_idempotency_key_op_t  *kop;
-
-    if (ngx_http_idempotency_claim_allowed(ctx->redis) != NGX_OK) {
-        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
+    if (ngx_http_idempotency_claim_start(ctx->claim) != NGX_AGAIN) {
+        ctx->decision = NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
 
         return ngx_http_idempotency_act(r, ctx);
     }
 
-    kop = ngx_http_idempotency_claim_op(r, ctx,
-                                        ngx_http_idempotency_claim_done);
-    if (kop == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    ngx_http_idempotency_metrics_claim_sent(kop, ctx);
-    ctx->notify_epoch = ngx_http_idempotency_watch_epoch;
-
-    if (ngx_http_idempotency_claim_command(kop, &ctx->rkey, ctx->claim,
-                                           ctx->conf->lock_ttl + ctx->conf->ttl,
-                                           &ctx->claim_mode)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: redis \"%V\" is not connected",
-                      &ctx->redis->name);
-
-        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
-
-        return ngx_http_idempotency_act(r, ctx);
-    }
-
-    ctx->op = kop;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
 
-    ngx_http_idempotency_wait_send(r, ctx);
     ngx_http_idempotency_fresh_send(r, ctx);
-
-    ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
+    ngx_http_idempotency_suspend(r);
 
     return NGX_AGAIN;
 }
 
 
+/* the claim's one answer: the request goes on from it */
+
 static void
-ngx_http_idempotency_claim_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
+ngx_http_idempotency_claimed(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t answer)
 {
-    ngx_uint_t                      itself;
-    ngx_http_request_t             *r;
-    ngx_http_idempotency_ctx_t     *ctx;
-    ngx_http_idempotency_key_op_t  *kop;
+    ngx_http_idempotency_ctx_t *ctx = c->data;
 
-    kop = ngx_http_idempotency_key_op(op);
-    ctx = op->data;
-    r = ctx ? ctx->request : NULL;
-
-    ngx_http_idempotency_metrics_claim_done(kop, reply != NULL);
-
-    if (r == NULL) {
-        /*
-         * The request is gone, or went on without an answer: a claim it
-         * may have won must not leave the key stuck where nothing ran.
-         * Unless the request passed upstream unprotected: then it may run.
-         */
-
-        if (kop->release_lost
-            && ngx_http_idempotency_claim_maybe_won(reply, kop->claim))
-        {
-            ngx_http_idempotency_release_orphan(kop);
-        }
-
-        return;
-    }
-
-    ctx->op = NULL;
-
-    ctx->go = ngx_http_idempotency_decide(r, ctx, reply, &itself);
-
-    if (reply == NULL
-        && ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
-        && !ctx->conf->dry_run)
-    {
-        /* the claim may have landed before the connection broke */
-        ngx_http_idempotency_release_orphan(kop);
-    }
-
-    if (ngx_http_idempotency_wait_hold(r, ctx, itself) == NGX_AGAIN) {
-        /* won: the replicas acknowledge it first, under the same timer */
-        return;
-    }
-
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
-    }
-
-    ngx_http_idempotency_wake(r);
-}
-
-
-static ngx_uint_t
-ngx_http_idempotency_decide(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply, ngx_uint_t *itself)
-{
-    ngx_uint_t                     answer;
-    ngx_http_idempotency_answer_t  a;
-
+    ctx->decision = answer;
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
 
-    a.rkey = &ctx->rkey;
-    a.claim = ctx->claim;
-    a.mode = &ctx->claim_mode;
-    a.keys = ctx->conf->encrypt_keys;
-    a.sent_at = ctx->sent_at;
-    a.margin = ctx->conf->lock_ttl / 3;
-    a.pool = r->pool;
-    a.log = r->connection->log;
-    a.record = &ctx->record;
-    a.status = &ctx->unknown_status;
-    a.seen = ctx->seen;
-    a.itself = 0;
-
-    answer = ngx_http_idempotency_claim_answer(ctx->redis, reply, &a);
-    *itself = a.itself;
-
-    switch (answer) {
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_NEW:
-        return NGX_HTTP_IDEMPOTENCY_GO_OWNER;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_AGAIN:
-        /* refused as sent: claimed again, the way the server takes */
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_REPLAY:
-        return NGX_HTTP_IDEMPOTENCY_GO_REPLAY;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_TOO_LARGE:
-        return NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_MISMATCH:
-        return NGX_HTTP_IDEMPOTENCY_GO_MISMATCH;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT:
-        return NGX_HTTP_IDEMPOTENCY_GO_CONFLICT;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_EXPIRED:
-        /* its owner is gone after it may have run: never a free key */
-        ctx->expired = 1;
-        return NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN;
-
-    case NGX_HTTP_IDEMPOTENCY_ANSWER_UNKNOWN:
-        return NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN;
-
-    default: /* NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR */
-        return NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    }
-}
-
-
-/*
- * An op that writes this request's claim (a claim, a take-over): a lease
- * from now, and what releases the claim if the request cannot wait for
- * the reply.  Redis keeps a dead owner's claim, read as unknown.
- */
-
-static ngx_http_idempotency_key_op_t *
-ngx_http_idempotency_claim_op(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_reply_pt handler)
-{
-    ngx_http_idempotency_key_op_t  *kop;
-
-    kop = ngx_http_idempotency_key_op_alloc(ctx->redis, &ctx->rkey);
-    if (kop == NULL) {
-        return NULL;
-    }
-
-    ngx_http_idempotency_lease_set(ctx->claim, ctx->conf->lock_ttl);
-    ctx->sent_at = ngx_http_idempotency_epoch_msec();
-
-    /* until the owner renews it: what a release is sent again within */
-    ctx->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
-
-    kop->op.data = ctx;
-    kop->op.handler = handler;
-    kop->release_lost = 1;
-    kop->lease_end = ngx_current_msec + ctx->conf->lock_ttl;
-    kop->ttl = ctx->conf->ttl;
-    kop->forward = (ctx->conf->on_unknown
-                    == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
-    ngx_memcpy(kop->claim, ctx->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
-
-    return kop;
-}
-
-
-/*
- * forward and release: the first retry that finds an unknown outcome (or
- * a dead owner's lease) takes the record over, atomically: only if it
- * still holds exactly what this request read.  A renewal or a store in
- * between makes it fail, and the request claims again.
- */
-
-static ngx_int_t
-ngx_http_idempotency_take_over(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    ngx_http_idempotency_key_op_t  *kop;
-
-    if (ctx->takes++ >= 3) {
-        /* raced three times: somebody else is at it */
-        return ngx_http_idempotency_reject(r, ctx,
-                                        NGX_HTTP_IDEMPOTENCY_CONFLICT,
-                                        NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
-    }
-
-    kop = ngx_http_idempotency_claim_op(r, ctx,
-                                        ngx_http_idempotency_take_done);
-    if (kop == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    kop->zone = ctx->conf->metrics_zone;
-
-    if (ngx_http_idempotency_take_command(&kop->op, &ctx->rkey, ctx->seen,
-                                          ctx->claim,
-                                          ctx->conf->lock_ttl + ctx->conf->ttl)
-        != NGX_OK)
-    {
-        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
-        return ngx_http_idempotency_act(r, ctx);
-    }
-
-    ctx->op = kop;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS;
-
-    ngx_http_idempotency_suspend(r, ctx, ctx->conf->redis_timeout);
-
-    return NGX_AGAIN;
-}
-
-
-static void
-ngx_http_idempotency_take_done(ngx_http_idempotency_op_t *op,
-    redisReply *reply)
-{
-    ngx_int_t                       took;
-    ngx_http_request_t             *r;
-    ngx_http_idempotency_ctx_t     *ctx;
-    ngx_http_idempotency_key_op_t  *kop;
-
-    kop = ngx_http_idempotency_key_op(op);
-    ctx = op->data;
-    r = ctx ? ctx->request : NULL;
-    took = ngx_http_idempotency_take_result(op->redis, reply,
-                                            r ? r->connection->log : NULL);
-
-    if (r == NULL) {
-        if (kop->release_lost && (reply == NULL || took == NGX_OK)) {
-            ngx_http_idempotency_take_lost(kop);
-        }
-
-        return;
-    }
-
-    ctx->op = NULL;
-
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
-    }
-
-    if (took == NGX_OK) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: outcome unknown for key hash %*s, taken "
-                      "over by this request (idempotency_on_unknown %s)",
-                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ngx_http_idempotency_key_hash(ctx),
-                      ctx->conf->on_unknown
-                      == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD
-                      ? "forward" : "release");
-
-        ctx->previous_unknown = (ctx->conf->on_unknown
-                                 == NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD);
-        ctx->took_over = ctx->previous_unknown;
-        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_OWNER;
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
-
-    } else if (took == NGX_DECLINED) {
-        /* the record changed since it was read: read it again */
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-
-    } else {
-        if (reply == NULL) {
-            ngx_http_idempotency_take_lost(kop);
-        }
-
-        ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
-    }
-
-    ngx_http_idempotency_wake(r);
+    ngx_http_idempotency_wake(ctx->request);
 }
 
 
@@ -699,14 +441,14 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
     conf = ctx->conf;
 
-    if (ctx->go != NGX_HTTP_IDEMPOTENCY_GO_CONFLICT) {
+    if (ctx->decision != NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT) {
         /* a waiter no longer */
         ngx_http_idempotency_notify_unwatch(ctx);
     }
 
-    switch (ctx->go) {
+    switch (ctx->decision) {
 
-    case NGX_HTTP_IDEMPOTENCY_GO_OWNER:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_NEW:
         ctx->owner = 1;
         ctx->status = NGX_HTTP_IDEMPOTENCY_NEW;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
@@ -714,7 +456,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         /* the not_modified filter runs above ours: never store a 304 */
         r->disable_not_modified = 1;
 
-        if (ctx->previous_unknown
+        if (ctx->claim->took_over
             && ngx_http_idempotency_previous_outcome(r) != NGX_OK)
         {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -722,34 +464,17 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
         ngx_http_idempotency_keep_upstream(r, ctx);
         ngx_http_idempotency_outcome_start(r, ctx);
-        ngx_http_idempotency_lease_start(r, ctx);
+        ngx_http_idempotency_renew_start(ctx->claim);
         ngx_http_idempotency_fresh_report(r, ctx);
 
         return NGX_DECLINED;
 
-    case NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN:
-
-        if (conf->on_unknown != NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP
-            && !conf->dry_run)
-        {
-            return ngx_http_idempotency_take_over(r, ctx);
-        }
-
-        if (ctx->expired) {
-            ngx_http_idempotency_owner_lost(r, ctx);
-        }
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: outcome unknown for key hash %*s, "
-                      "answered %ui",
-                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ngx_http_idempotency_key_hash(ctx), ctx->unknown_status);
-
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_UNKNOWN:
         return ngx_http_idempotency_reject(r, ctx,
                                         NGX_HTTP_IDEMPOTENCY_UNKNOWN,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_UNKNOWN);
 
-    case NGX_HTTP_IDEMPOTENCY_GO_REPLAY:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_REPLAY:
         ctx->status = NGX_HTTP_IDEMPOTENCY_REPLAY;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
 
@@ -757,9 +482,9 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
             return NGX_DECLINED;
         }
 
-        return ngx_http_idempotency_send_replay(r, conf, &ctx->record);
+        return ngx_http_idempotency_send_replay(r, conf, &ctx->claim->record);
 
-    case NGX_HTTP_IDEMPOTENCY_GO_CONFLICT:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT:
 
         if (conf->wait && !conf->dry_run) {
             if (ctx->wait_until == 0) {
@@ -783,7 +508,8 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
                 ctx->status = NGX_HTTP_IDEMPOTENCY_CONFLICT;
                 ctx->state = NGX_HTTP_IDEMPOTENCY_ST_POLLING;
-                ngx_http_idempotency_suspend(r, ctx, delay);
+                ngx_add_timer(&ctx->poll, delay);
+                ngx_http_idempotency_suspend(r);
 
                 return NGX_AGAIN;
             }
@@ -793,17 +519,17 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
                                         NGX_HTTP_IDEMPOTENCY_CONFLICT,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
 
-    case NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_TOO_LARGE:
         return ngx_http_idempotency_reject(r, ctx,
                                         NGX_HTTP_IDEMPOTENCY_CONFLICT,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_TOO_LARGE);
 
-    case NGX_HTTP_IDEMPOTENCY_GO_MISMATCH:
+    case NGX_HTTP_IDEMPOTENCY_ANSWER_MISMATCH:
         return ngx_http_idempotency_reject(r, ctx,
                                         NGX_HTTP_IDEMPOTENCY_MISMATCH,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_MISMATCH);
 
-    default: /* NGX_HTTP_IDEMPOTENCY_GO_ERROR */
+    default: /* NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR */
 
         if (conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS) {
             ctx->status = NGX_HTTP_IDEMPOTENCY_ERROR;
@@ -821,11 +547,8 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 /* wait for Redis or for the next poll; a client abort ends the request */
 
 static void
-ngx_http_idempotency_suspend(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_msec_t timer)
+ngx_http_idempotency_suspend(ngx_http_request_t *r)
 {
-    ngx_add_timer(&ctx->timeout, timer);
-
     r->read_event_handler = ngx_http_test_reading;
     r->write_event_handler = ngx_http_request_empty_handler;
 }
@@ -848,8 +571,10 @@ ngx_http_idempotency_wake(ngx_http_request_t *r)
 }
 
 
+/* the next poll of a key in progress */
+
 static void
-ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
+ngx_http_idempotency_poll_handler(ngx_event_t *ev)
 {
     ngx_http_request_t          *r;
     ngx_http_idempotency_ctx_t  *ctx;
@@ -857,45 +582,6 @@ ngx_http_idempotency_timeout_handler(ngx_event_t *ev)
     r = ev->data;
     ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
 
-    if (ctx->state == NGX_HTTP_IDEMPOTENCY_ST_POLLING) {
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-        ngx_http_idempotency_wake(r);
-        return;
-    }
-
-    /*
-     * The reply will still come, or not: it finds no request, and releases
-     * a claim that landed, unless the request now runs unprotected.
-     */
-
-    ngx_http_idempotency_wait_timedout(r, ctx);
-
-    if (ctx->op) {
-        ctx->op->release_lost =
-            ctx->conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT
-            && !ctx->conf->dry_run;
-        ctx->op->op.data = NULL;
-        ctx->op = NULL;
-    }
-
-    ngx_http_idempotency_wait_detach(ctx);
-
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, NGX_ETIMEDOUT,
-                  "idempotency: redis \"%V\" timed out",
-                  &ctx->redis->name);
-
-    /*
-     * The connection is left alone: its watchdog resets it when Redis
-     * stops answering.  One that answers slowly (WAITs that cannot be met
-     * while a replica resyncs) still carries the releases and stores of
-     * other requests behind this one: a reset would lose them all, again
-     * at every timeout, until their leases ran out.
-     */
-
-    ctx->go = NGX_HTTP_IDEMPOTENCY_GO_ERROR;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;
-
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
     ngx_http_idempotency_wake(r);
 }
-
-

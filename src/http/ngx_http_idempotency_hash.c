@@ -141,6 +141,7 @@ ngx_int_t
 ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
     u_char *hash)
 {
+    u_char        *head;
     ngx_str_t      fingerprint;
     unsigned int   len;
     EVP_MD_CTX    *md;
@@ -155,7 +156,8 @@ ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
         ngx_http_idempotency_md_free = md;
     }
 
-    fingerprint.data = ngx_http_idempotency_head_fingerprint(ctx->claim);
+    head = ctx->claim->head;
+    fingerprint.data = ngx_http_idempotency_head_fingerprint(head);
     fingerprint.len = NGX_HTTP_IDEMPOTENCY_HASH_LEN;
 
     if (ctx->conf->secret) {
@@ -297,22 +299,23 @@ ngx_http_idempotency_fingerprint_update(ngx_http_idempotency_ctx_t *ctx,
 ngx_int_t
 ngx_http_idempotency_fingerprint_finish(ngx_http_idempotency_ctx_t *ctx)
 {
-    unsigned int  len;
+    u_char        *head;
+    unsigned int   len;
 
     /* the claim record: the head, with this body's fingerprint */
 
-    ngx_http_idempotency_head_claim(ctx->claim);
+    head = ctx->claim->head;
 
-    if (EVP_DigestFinal_ex(ctx->md,
-                           ngx_http_idempotency_head_fingerprint(ctx->claim),
+    ngx_http_idempotency_head_claim(head);
+
+    if (EVP_DigestFinal_ex(ctx->md, ngx_http_idempotency_head_fingerprint(head),
                            &len)
         != 1)
     {
         return NGX_ERROR;
     }
 
-    ngx_http_idempotency_new_token(
-                                ngx_http_idempotency_head_token(ctx->claim));
+    ngx_http_idempotency_new_token(ngx_http_idempotency_head_token(head));
 
     ngx_http_idempotency_fingerprint_free(ctx);
 

@@ -21,10 +21,6 @@
 #define NGX_HTTP_IDEMPOTENCY_OUT_SENT       2   /* may have run, no header */
 #define NGX_HTTP_IDEMPOTENCY_OUT_ANSWERED   3   /* a response header came */
 
-#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP     0
-#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD  1
-#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_RELEASE  2
-
 /* $idempotency_status values */
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_BYPASS = 0,
@@ -53,17 +49,6 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_ST_DONE
 } ngx_http_idempotency_state_e;
 
-
-/* what the claim round trip decided */
-typedef enum {
-    NGX_HTTP_IDEMPOTENCY_GO_OWNER = 0,
-    NGX_HTTP_IDEMPOTENCY_GO_REPLAY,
-    NGX_HTTP_IDEMPOTENCY_GO_CONFLICT,
-    NGX_HTTP_IDEMPOTENCY_GO_TOO_LARGE,
-    NGX_HTTP_IDEMPOTENCY_GO_MISMATCH,
-    NGX_HTTP_IDEMPOTENCY_GO_ERROR,
-    NGX_HTTP_IDEMPOTENCY_GO_UNKNOWN      /* may have run: on_unknown */
-} ngx_http_idempotency_go_e;
 
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_REJECT  0
 #define NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS    1
@@ -139,7 +124,7 @@ typedef struct {
     ngx_uint_t                       admin;      /* 1, 2: allow_remote */
     ngx_msec_t                       fresh_detect;   /* 0: off */
 
-    /* wait.c: WAIT (WAITAOF with aof) after a claim and a store */
+    /* WAIT (WAITAOF with aof) after a claim and a store */
     ngx_uint_t                       redis_wait;     /* 0 and !aof: off */
     ngx_uint_t                       redis_wait_aof; /* unsigned:1 */
     ngx_msec_t                       redis_wait_timeout;
@@ -157,6 +142,9 @@ typedef struct {
     ngx_str_t                        conf_file;  /* where the block starts */
     ngx_uint_t                       conf_line;
     ngx_uint_t                       redis_default;  /* unsigned:1 */
+
+    /* what the location's claims are, from the above (conf.c) */
+    ngx_http_idempotency_claim_conf_t  claim;
 } ngx_http_idempotency_loc_conf_t;
 
 
@@ -177,31 +165,22 @@ struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t              *request;
     ngx_http_idempotency_loc_conf_t *conf;
     ngx_http_idempotency_redis_t    *redis;
-    ngx_http_idempotency_key_op_t   *op;
-    ngx_http_idempotency_key_op_t   *wait_op;    /* sent behind the claim */
+    ngx_http_idempotency_claim_t    *claim;      /* the store's */
 
     ngx_uint_t                       state;
-    ngx_uint_t                       go;
-    ngx_uint_t                       claim_mode; /* the store's, per claim */
+    ngx_uint_t                       decision;   /* the claim's answer */
     ngx_uint_t                       status;     /* $idempotency_status */
 
     EVP_MD_CTX                      *md;
     ngx_str_t                        rkey;
     ngx_str_t                        request_line;   /* for logs */
-    u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
-    ngx_event_t                      timeout;
+    ngx_event_t                      poll;       /* the next look */
     ngx_event_handler_pt             read_handler;   /* the connection's */
     ngx_event_handler_pt             write_handler;
     ngx_msec_t                       wait_until;
     ngx_msec_t                       poll_delay;
     ngx_http_idempotency_watcher_t  *notify;     /* notify.c */
-    ngx_uint_t                       notify_epoch;   /* of the last claim */
-
-    /* lease.c: the owner's renewals */
-    ngx_event_t                      lease;
-    ngx_msec_t                       lease_end;  /* as Redis holds it */
-    ngx_http_idempotency_op_t       *renew_op;
 
     /* outcome.c: upstream attempts before the claim are not the owner's */
     ngx_uint_t                       states_from;
@@ -209,24 +188,13 @@ struct ngx_http_idempotency_ctx_s {
     /* filter.c: the outcome-unknown problem in place of nginx's own page */
     ngx_str_t                        problem;
 
-    /* an unknown outcome read, and the record to take over under forward */
-    ngx_uint_t                       unknown_status;
-    ngx_uint_t                       takes;
-    uint64_t                         sent_at;    /* epoch ms, the last claim */
-    u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-
-    ngx_http_idempotency_record_t    record;
     ngx_http_idempotency_capture_t   capture;
 
     unsigned                         owner:1;
     unsigned                         hashing:1;
     unsigned                         capturing:1;
-    unsigned                         finished:1;
     unsigned                         header_seen:1;
     unsigned                         gone:1;     /* the client went away */
-    unsigned                         expired:1;  /* seen: a dead owner's */
-    unsigned                         previous_unknown:1;
-    unsigned                         took_over:1;    /* forward: never free */
     unsigned                         internal:1; /* r->internal at start */
 
     /* fresh.c: the same request under another key */
@@ -248,8 +216,7 @@ extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 
 /* the 64 hex digits between the braces of the record key */
 #define ngx_http_idempotency_key_hash(ctx)                                    \
-    ((ctx)->rkey.data + (ctx)->rkey.len - 1                                   \
-     - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
+    ngx_http_idempotency_rkey_hash(&(ctx)->rkey)
 
 /* capture.c: the owner's response into a record */
 ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
@@ -263,17 +230,14 @@ size_t ngx_http_idempotency_capture_trailers_size(ngx_http_request_t *r,
 void ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
 
-/* renew.c: the owner renews its lease while its request lives */
-void ngx_http_idempotency_lease_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_lease_stop(ngx_http_idempotency_ctx_t *ctx);
-
 /* ctx.c: the request's ctx */
 extern ngx_str_t  ngx_http_idempotency_status_names[];   /* by status */
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_cleanup(void *data);
+u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
+    u_char *buf);
 
 /* handler.c */
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
@@ -389,21 +353,7 @@ void ngx_http_idempotency_outcome_start(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_uint_t ngx_http_idempotency_outcome(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_uint_t *status);
-
-/* end.c: every end of a claim */
-void ngx_http_idempotency_finish(ngx_http_idempotency_ctx_t *ctx,
-    u_char *value, size_t len, ngx_msec_t ttl, ngx_log_t *log);
-void ngx_http_idempotency_release(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_unknown(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t status);
 void ngx_http_idempotency_give_up(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-u_char *ngx_http_idempotency_request_info(ngx_http_idempotency_ctx_t *ctx,
-    u_char *buf);
-void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
-void ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop);
-void ngx_http_idempotency_owner_lost(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 
 /* abort.c */
@@ -519,32 +469,10 @@ ngx_http_idempotency_metrics_conf_t *ngx_http_idempotency_metrics_get_conf(
 /* metrics_events.c: what is counted */
 void ngx_http_idempotency_metrics_events_init(void);
 ngx_int_t ngx_http_idempotency_metrics_log(ngx_http_request_t *r);
-void ngx_http_idempotency_metrics_claim_sent(
-    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_metrics_claim_done(
-    ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered);
-void ngx_http_idempotency_metrics_attribute(ngx_uint_t zone);
-void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 void ngx_http_idempotency_metrics_fresh_key(void);
 
 /* metrics_render.c: the scrape */
 ngx_int_t ngx_http_idempotency_metrics_handler(ngx_http_request_t *r);
-
-/* wait.c: WAIT or WAITAOF, replicas acknowledge a claim or a store */
-char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
-    ngx_http_idempotency_loc_conf_t *prev,
-    ngx_http_idempotency_loc_conf_t *conf);
-void ngx_http_idempotency_wait_send(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-ngx_int_t ngx_http_idempotency_wait_hold(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_uint_t itself);
-void ngx_http_idempotency_wait_timedout(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_wait_detach(ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_wait_store(ngx_http_idempotency_ctx_t *ctx,
-    ngx_str_t *info);
 
 /* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
 ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,

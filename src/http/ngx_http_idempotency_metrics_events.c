@@ -17,7 +17,12 @@
 
 static void ngx_http_idempotency_metrics_store_sent(
     ngx_http_idempotency_key_op_t *kop, u_char *value);
-static void ngx_http_idempotency_metrics_store_failed(void);
+static void ngx_http_idempotency_metrics_store_failed(ngx_uint_t zone);
+static void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
+static void ngx_http_idempotency_metrics_claim_sent(
+    ngx_http_idempotency_key_op_t *kop);
+static void ngx_http_idempotency_metrics_claim_done(
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered);
 static void ngx_http_idempotency_metrics_store_done(
     ngx_http_idempotency_key_op_t *kop, ngx_uint_t result);
 static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
@@ -46,10 +51,6 @@ static ngx_uint_t  ngx_http_idempotency_metrics_bounds[] = {
 };
 
 
-/* the zone the next finish_key() call is counted in (see finish()) */
-static ngx_uint_t  ngx_http_idempotency_metrics_next_zone;
-
-
 /* what the client and the store tell of, counted here (metrics_init) */
 
 void
@@ -75,6 +76,10 @@ ngx_http_idempotency_metrics_events_init(void)
                                           ngx_http_idempotency_metrics_unknown;
     ngx_http_idempotency_store_events.claim_refused =
                                    ngx_http_idempotency_metrics_claim_refused;
+    ngx_http_idempotency_store_events.claim_sent =
+                                      ngx_http_idempotency_metrics_claim_sent;
+    ngx_http_idempotency_store_events.claim_done =
+                                      ngx_http_idempotency_metrics_claim_done;
 }
 
 
@@ -125,20 +130,18 @@ ngx_http_idempotency_metrics_log(ngx_http_request_t *r)
 }
 
 
-/* the hooks the rest of the module calls */
+/* a claim's round trip starts (the claim set kop->zone) */
 
-void
-ngx_http_idempotency_metrics_claim_sent(
-    ngx_http_idempotency_key_op_t *kop, ngx_http_idempotency_ctx_t *ctx)
+static void
+ngx_http_idempotency_metrics_claim_sent(ngx_http_idempotency_key_op_t *kop)
 {
     kop->sent = ngx_http_idempotency_metrics_usec();
-    kop->zone = ctx->conf->metrics_zone;
 }
 
 
 /* a claim's round trip is timed when a reply came, whatever it said */
 
-void
+static void
 ngx_http_idempotency_metrics_claim_done(
     ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered)
 {
@@ -166,18 +169,10 @@ ngx_http_idempotency_metrics_claim_done(
 }
 
 
-void
-ngx_http_idempotency_metrics_attribute(ngx_uint_t zone)
-{
-    ngx_http_idempotency_metrics_next_zone = zone;
-}
-
-
 static void
 ngx_http_idempotency_metrics_store_sent(
     ngx_http_idempotency_key_op_t *kop, u_char *value)
 {
-    kop->zone = ngx_http_idempotency_metrics_next_zone;
     kop->too_large = (value
                       && ngx_http_idempotency_head_state(value)
                          == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
@@ -198,7 +193,7 @@ ngx_http_idempotency_metrics_fresh_key(void)
 }
 
 
-void
+static void
 ngx_http_idempotency_metrics_unknown(ngx_uint_t cause)
 {
     ngx_http_idempotency_metrics_conf_t  *mcf;
@@ -212,10 +207,9 @@ ngx_http_idempotency_metrics_unknown(ngx_uint_t cause)
 
 
 static void
-ngx_http_idempotency_metrics_store_failed(void)
+ngx_http_idempotency_metrics_store_failed(ngx_uint_t zone)
 {
-    ngx_http_idempotency_metrics_store(ngx_http_idempotency_metrics_next_zone,
-                                       NGX_HTTP_IDEMPOTENCY_STORE_FAILED);
+    ngx_http_idempotency_metrics_store(zone, NGX_HTTP_IDEMPOTENCY_STORE_FAILED);
 }
 
 

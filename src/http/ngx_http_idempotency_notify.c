@@ -59,7 +59,7 @@ ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
         ctx->notify = w;
     }
 
-    rc = ngx_http_idempotency_watch_wait(w, ctx->notify_epoch,
+    rc = ngx_http_idempotency_watch_wait(w, ctx->claim->epoch,
                                          ctx->request->connection->log);
 
     switch (rc) {
@@ -95,8 +95,8 @@ ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx)
 
     /* a wake-up posted for a request that is going away */
 
-    if (ctx->timeout.posted) {
-        ngx_delete_posted_event(&ctx->timeout);
+    if (ctx->poll.posted) {
+        ngx_delete_posted_event(&ctx->poll);
     }
 
     ngx_http_idempotency_watch_del(w);
@@ -124,7 +124,7 @@ ngx_http_idempotency_notify_handler(ngx_http_idempotency_watcher_t *w,
     case NGX_HTTP_IDEMPOTENCY_WATCH_CALM:
 
         if (ctx->state != NGX_HTTP_IDEMPOTENCY_ST_POLLING
-            || !ctx->timeout.timer_set)
+            || !ctx->poll.timer_set)
         {
             return NGX_OK;
         }
@@ -134,7 +134,7 @@ ngx_http_idempotency_notify_handler(ngx_http_idempotency_watcher_t *w,
         left = (ngx_msec_int_t) (ctx->wait_until - ngx_current_msec);
 
         if (left > 0) {
-            ngx_add_timer(&ctx->timeout,
+            ngx_add_timer(&ctx->poll,
                           ngx_min((ngx_msec_t) left,
                                   NGX_HTTP_IDEMPOTENCY_NOTIFY_POLL));
         }
@@ -163,12 +163,12 @@ ngx_http_idempotency_notify_handler(ngx_http_idempotency_watcher_t *w,
 
     /* the poll timer's handler, run now: the list is not touched */
 
-    if (ctx->timeout.timer_set) {
-        ngx_del_timer(&ctx->timeout);
+    if (ctx->poll.timer_set) {
+        ngx_del_timer(&ctx->poll);
     }
 
-    if (!ctx->timeout.posted) {
-        ngx_post_event(&ctx->timeout, &ngx_posted_events);
+    if (!ctx->poll.posted) {
+        ngx_post_event(&ctx->poll, &ngx_posted_events);
     }
 
     return NGX_OK;

@@ -103,3 +103,34 @@ ngx_http_idempotency_outcome(ngx_http_request_t *r,
 }
 
 
+/* the response cannot be stored: unknown if it may have run, else free */
+
+void
+ngx_http_idempotency_give_up(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_uint_t  status;
+
+    switch (ngx_http_idempotency_outcome(r, ctx, &status)) {
+
+    case NGX_HTTP_IDEMPOTENCY_OUT_NONE:
+        /* a content handler of its own ran once its response began */
+        if (!ctx->header_seen) {
+            break;
+        }
+
+        /* fall through */
+
+    case NGX_HTTP_IDEMPOTENCY_OUT_SENT:
+    case NGX_HTTP_IDEMPOTENCY_OUT_ANSWERED:
+        ctx->capturing = 0;
+        ngx_http_idempotency_claim_unknown(ctx->claim, status);
+        return;
+
+    default:
+        break;
+    }
+
+    ctx->capturing = 0;
+    ngx_http_idempotency_claim_release(ctx->claim);
+}

@@ -597,7 +597,8 @@ ngx_http_idempotency_reject_detail(ngx_http_request_t *r,
     }
 
     return ngx_http_idempotency_send_problem_detail(r, ctx->conf, problem,
-                                                    ctx->unknown_status,
+                                                    ctx->claim
+                                                    ? ctx->claim->status : 0,
                                                     detail);
 }
 

@@ -61,10 +61,14 @@ static void ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop,
     u_char *value);
 static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
     ngx_uint_t result);
-static void ngx_http_idempotency_no_failed(void);
+static void ngx_http_idempotency_no_failed(ngx_uint_t zone);
 static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
 static void ngx_http_idempotency_no_claim_refused(
     ngx_http_idempotency_redis_t *redis);
+static void ngx_http_idempotency_no_claim_sent(
+    ngx_http_idempotency_key_op_t *kop);
+static void ngx_http_idempotency_no_claim_done(
+    ngx_http_idempotency_key_op_t *kop, ngx_uint_t answered);
 
 
 /* nobody counts until metrics_events.c does */
@@ -73,7 +77,9 @@ ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
     ngx_http_idempotency_no_done,
     ngx_http_idempotency_no_failed,
     ngx_http_idempotency_no_unknown,
-    ngx_http_idempotency_no_claim_refused
+    ngx_http_idempotency_no_claim_refused,
+    ngx_http_idempotency_no_claim_sent,
+    ngx_http_idempotency_no_claim_done
 };
 
 
@@ -173,7 +179,7 @@ ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
 
 failed:
 
-    ngx_http_idempotency_store_events.failed();
+    ngx_http_idempotency_store_events.failed(f->zone);
 
     ngx_log_error(NGX_LOG_ERR, log, 0,
                   "idempotency: cannot %s the record, redis unavailable; "
@@ -222,6 +228,7 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
     ngx_memcpy(kop->claim, f->claim, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     kop->lease_end = f->lease_end;
     kop->orphan = f->orphan;
+    kop->zone = f->zone;
 
     if (handler == ngx_http_idempotency_finish_done) {
         op->script = &ngx_http_idempotency_finish_script;
@@ -792,7 +799,7 @@ ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
 
 
 static void
-ngx_http_idempotency_no_failed(void)
+ngx_http_idempotency_no_failed(ngx_uint_t zone)
 {
 }
 
@@ -805,5 +812,18 @@ ngx_http_idempotency_no_unknown(ngx_uint_t cause)
 
 static void
 ngx_http_idempotency_no_claim_refused(ngx_http_idempotency_redis_t *redis)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_claim_sent(ngx_http_idempotency_key_op_t *kop)
+{
+}
+
+
+static void
+ngx_http_idempotency_no_claim_done(ngx_http_idempotency_key_op_t *kop,
+    ngx_uint_t answered)
 {
 }

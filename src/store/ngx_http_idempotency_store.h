@@ -46,6 +46,11 @@
 
 #define NGX_HTTP_IDEMPOTENCY_MAGIC          "IDM1"
 
+/* idempotency_on_unknown: what a claim does with an unknown outcome */
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_KEEP     0
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_FORWARD  1
+#define NGX_HTTP_IDEMPOTENCY_ON_UNKNOWN_RELEASE  2
+
 /* the status of an unknown outcome that names none: 502 Bad Gateway */
 #define NGX_HTTP_IDEMPOTENCY_STATUS_UNKNOWN  502
 
@@ -210,7 +215,10 @@ typedef struct {
 } ngx_http_idempotency_record_t;
 
 
-/* what a claim's reply says (answer.c) */
+/*
+ * What a claim's reply says (answer.c), and what a claim tells its request
+ * (claim.c): every answer but AGAIN and EXPIRED, which the claim acts on
+ */
 #define NGX_HTTP_IDEMPOTENCY_ANSWER_NEW        0   /* the claim won */
 #define NGX_HTTP_IDEMPOTENCY_ANSWER_AGAIN      1   /* claim again, *mode */
 #define NGX_HTTP_IDEMPOTENCY_ANSWER_REPLAY     2   /* completed: record */
@@ -242,6 +250,7 @@ typedef struct {
 
 /* a store, an unknown outcome or a release: what finish_key() sends */
 typedef struct {
+    ngx_uint_t                       zone;       /* where it is counted */
     ngx_str_t                        rkey;
     u_char                          *claim;
     u_char                          *value;      /* NULL: release */
@@ -252,6 +261,84 @@ typedef struct {
     unsigned                         orphan:1;   /* a lost claim's release */
     unsigned                         immediate:1;    /* not with the turn */
 } ngx_http_idempotency_finish_t;
+
+
+/*
+ * What a location's claims are, set once when its configuration is read:
+ * every claim of the location points to it
+ */
+typedef struct {
+    ngx_http_idempotency_redis_t    *redis;
+    ngx_array_t                     *keys;       /* opening sealed records */
+    ngx_msec_t                       lock_ttl;
+    ngx_msec_t                       ttl;
+    ngx_msec_t                       timeout;    /* each round trip's */
+    ngx_uint_t                       replicas;   /* WAIT, WAITAOF */
+    ngx_msec_t                       replicas_timeout;
+    ngx_uint_t                       zone;       /* metrics */
+    ngx_uint_t                       on_unknown;
+    unsigned                         replicas_on:1;
+    unsigned                         aof:1;
+    unsigned                         immediate:1;    /* stores at once */
+    unsigned                         dry_run:1;  /* reads, never writes */
+    unsigned                         passes:1;   /* runs unprotected when
+                                                    Redis fails */
+} ngx_http_idempotency_claim_conf_t;
+
+
+typedef struct ngx_http_idempotency_claim_s  ngx_http_idempotency_claim_t;
+
+/* told once per start: NGX_HTTP_IDEMPOTENCY_ANSWER_* */
+typedef void (*ngx_http_idempotency_claim_pt)(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t answer);
+
+
+/*
+ * A request's claim on its record key (claim.c), in the request's pool.
+ * The request sets what it is and starts it; the store sends the claim in
+ * the way the server takes, takes over an unknown outcome, holds a won
+ * claim until the replicas acknowledge it, renews its lease, and tells the
+ * handler one answer.  A claim won ends once: stored, unknown or released
+ * (claim_end.c); a request that goes away detaches it, and the store
+ * releases what a late reply shows it won.
+ */
+struct ngx_http_idempotency_claim_s {
+    /* set by the request before the first start */
+    ngx_http_idempotency_claim_conf_t  *conf;
+    ngx_str_t                        rkey;
+    u_char                           head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    ngx_http_idempotency_claim_pt    handler;
+    void                            *data;
+    size_t                           info_len;
+    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
+
+    /* told with the answer */
+    ngx_http_idempotency_record_t    record;     /* REPLAY */
+    ngx_uint_t                       status;     /* UNKNOWN */
+    ngx_uint_t                       epoch;      /* watch.c's, at the send */
+    unsigned                         took_over:1;    /* NEW, under forward:
+                                                        it may have run */
+    unsigned                         finished:1;
+
+    /* the store's own */
+    ngx_pool_t                      *pool;
+    ngx_log_t                       *log;
+    ngx_http_idempotency_key_op_t   *op;         /* the claim, take, WAIT */
+    ngx_http_idempotency_key_op_t   *wait_op;    /* sent behind the claim */
+    ngx_http_idempotency_op_t       *renew_op;
+    ngx_event_t                      timer;
+    ngx_event_t                      renewal;
+    ngx_msec_t                       lease_end;  /* as Redis holds it */
+    uint64_t                         sent_at;    /* epoch ms, the last send */
+    ngx_uint_t                       mode;       /* how the claim is sent */
+    ngx_uint_t                       takes;
+    u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+};
+
+
+/* the key hash's hex digits, inside a record key's braces */
+#define ngx_http_idempotency_rkey_hash(rkey)                                  \
+    ((rkey)->data + (rkey)->len - 1 - 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN)
 
 
 /*
@@ -331,12 +418,19 @@ typedef struct {
                                        u_char *value);
     void                           (*done)(ngx_http_idempotency_key_op_t *kop,
                                        ngx_uint_t result);
-    void                           (*failed)(void);
+    void                           (*failed)(ngx_uint_t zone);
     void                           (*unknown)(ngx_uint_t cause);
 
     /* a claim not sent: the server forbids scripting, has no SET IFEQ */
     void                           (*claim_refused)(
                                        ngx_http_idempotency_redis_t *redis);
+
+    /* a claim's round trip: sent, and answered (or not) */
+    void                           (*claim_sent)(
+                                       ngx_http_idempotency_key_op_t *kop);
+    void                           (*claim_done)(
+                                       ngx_http_idempotency_key_op_t *kop,
+                                       ngx_uint_t answered);
 } ngx_http_idempotency_store_events_t;
 
 
@@ -386,7 +480,37 @@ ngx_uint_t ngx_http_idempotency_claim_answer(
     ngx_http_idempotency_redis_t *redis, redisReply *reply,
     ngx_http_idempotency_answer_t *a);
 
-/* claim.c: the claim, and the take-over of an unknown outcome */
+/* claim.c: a request's claim */
+ngx_http_idempotency_claim_t *ngx_http_idempotency_claim_create(
+    ngx_pool_t *pool, ngx_log_t *log);
+ngx_int_t ngx_http_idempotency_claim_start(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_claim_detach(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_claim_answered(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t answer);
+
+/* claim_end.c: how a claim won ends, and how one whose request is gone */
+void ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
+    u_char *value, size_t len);
+void ngx_http_idempotency_claim_unknown(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t status);
+void ngx_http_idempotency_claim_release(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_release_orphan(ngx_http_idempotency_key_op_t *kop);
+void ngx_http_idempotency_take_lost(ngx_http_idempotency_key_op_t *kop);
+void ngx_http_idempotency_owner_lost(ngx_http_idempotency_claim_t *c);
+
+/* replicas.c: WAIT or WAITAOF after a claim and after a store */
+void ngx_http_idempotency_replicas_send(ngx_http_idempotency_claim_t *c);
+ngx_int_t ngx_http_idempotency_replicas_hold(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t itself);
+void ngx_http_idempotency_replicas_timedout(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_replicas_detach(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_replicas_store(ngx_http_idempotency_claim_t *c);
+
+/* renew.c: the owner renews its lease while its request lives */
+void ngx_http_idempotency_renew_start(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_renew_stop(ngx_http_idempotency_claim_t *c);
+
+/* cas.c: the claim's commands, and the take-over of an unknown outcome */
 ngx_int_t ngx_http_idempotency_claim_command(
     ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
     ngx_msec_t ttl, ngx_uint_t *mode);
