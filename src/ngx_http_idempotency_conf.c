@@ -598,6 +598,7 @@ ngx_http_idempotency_claim_conf(ngx_http_idempotency_loc_conf_t *conf)
     cc->lock_ttl = conf->lock_ttl;
     cc->ttl = conf->ttl;
     cc->timeout = conf->redis_timeout;
+    cc->wait = conf->dry_run ? 0 : conf->wait;
     cc->replicas = conf->redis_wait;
     cc->replicas_timeout = conf->redis_wait_timeout;
     cc->zone = conf->metrics_zone;

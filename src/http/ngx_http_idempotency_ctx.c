@@ -67,12 +67,7 @@ ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
         ngx_http_idempotency_claim_detach(ctx->claim);
     }
 
-    ngx_http_idempotency_notify_unwatch(ctx);
     ngx_http_idempotency_fresh_detach(ctx);
-
-    if (ctx->poll.timer_set) {
-        ngx_del_timer(&ctx->poll);
-    }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
 }

@@ -11,10 +11,6 @@
 #include "ngx_http_idempotency_http.h"
 
 
-#define NGX_HTTP_IDEMPOTENCY_POLL_MIN  10
-#define NGX_HTTP_IDEMPOTENCY_POLL_MAX  200
-
-
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_redirected(
     ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
@@ -34,7 +30,6 @@ static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_suspend(ngx_http_request_t *r);
-static void ngx_http_idempotency_poll_handler(ngx_event_t *ev);
 
 
 static ngx_str_t  ngx_http_idempotency_header = ngx_string("idempotency-key");
@@ -90,7 +85,6 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
 
     case NGX_HTTP_IDEMPOTENCY_ST_READING_BODY:
     case NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS:
-    case NGX_HTTP_IDEMPOTENCY_ST_POLLING:
         return NGX_AGAIN;
 
     default: /* NGX_HTTP_IDEMPOTENCY_ST_DONE */
@@ -316,10 +310,6 @@ ngx_http_idempotency_create_ctx(ngx_http_request_t *r,
     ctx->request_line = r->request_line;
     ctx->conf = conf;
     ctx->redis = conf->redis;
-    ctx->poll.handler = ngx_http_idempotency_poll_handler;
-    ctx->poll.data = r;
-    ctx->poll.log = r->connection->log;
-    ctx->poll_delay = NGX_HTTP_IDEMPOTENCY_POLL_MIN;
 
     ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
 
@@ -435,16 +425,9 @@ static ngx_int_t
 ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_msec_t                        delay;
-    ngx_msec_int_t                    left;
     ngx_http_idempotency_loc_conf_t  *conf;
 
     conf = ctx->conf;
-
-    if (ctx->decision != NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT) {
-        /* a waiter no longer */
-        ngx_http_idempotency_notify_unwatch(ctx);
-    }
 
     switch (ctx->decision) {
 
@@ -464,7 +447,6 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 
         ngx_http_idempotency_keep_upstream(r, ctx);
         ngx_http_idempotency_outcome_start(r, ctx);
-        ngx_http_idempotency_renew_start(ctx->claim);
         ngx_http_idempotency_fresh_report(r, ctx);
 
         return NGX_DECLINED;
@@ -485,36 +467,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
         return ngx_http_idempotency_send_replay(r, conf, &ctx->claim->record);
 
     case NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT:
-
-        if (conf->wait && !conf->dry_run) {
-            if (ctx->wait_until == 0) {
-                ctx->wait_until = ngx_current_msec + conf->wait;
-            }
-
-            left = (ngx_msec_int_t) (ctx->wait_until - ngx_current_msec);
-
-            if (left > 0) {
-                /* woken by the original's completion, or polling */
-
-                if (ngx_http_idempotency_notify_watch(ctx, &delay)
-                    != NGX_OK)
-                {
-                    delay = ctx->poll_delay;
-                    ctx->poll_delay = ngx_min(ctx->poll_delay * 2,
-                                              NGX_HTTP_IDEMPOTENCY_POLL_MAX);
-                }
-
-                delay = ngx_min(delay, (ngx_msec_t) left);
-
-                ctx->status = NGX_HTTP_IDEMPOTENCY_CONFLICT;
-                ctx->state = NGX_HTTP_IDEMPOTENCY_ST_POLLING;
-                ngx_add_timer(&ctx->poll, delay);
-                ngx_http_idempotency_suspend(r);
-
-                return NGX_AGAIN;
-            }
-        }
-
+        /* the claim waited for it already, within idempotency_wait */
         return ngx_http_idempotency_reject(r, ctx,
                                         NGX_HTTP_IDEMPOTENCY_CONFLICT,
                                         NGX_HTTP_IDEMPOTENCY_PROBLEM_CONFLICT);
@@ -544,7 +497,7 @@ ngx_http_idempotency_act(ngx_http_request_t *r,
 }
 
 
-/* wait for Redis or for the next poll; a client abort ends the request */
+/* the claim is the store's until it answers; a client abort ends it */
 
 static void
 ngx_http_idempotency_suspend(ngx_http_request_t *r)
@@ -568,20 +521,4 @@ ngx_http_idempotency_wake(ngx_http_request_t *r)
 
     ngx_http_core_run_phases(r);
     ngx_http_run_posted_requests(c);
-}
-
-
-/* the next poll of a key in progress */
-
-static void
-ngx_http_idempotency_poll_handler(ngx_event_t *ev)
-{
-    ngx_http_request_t          *r;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    r = ev->data;
-    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
-    ngx_http_idempotency_wake(r);
 }

@@ -44,7 +44,6 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_ST_READING_BODY,
     NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE,
     NGX_HTTP_IDEMPOTENCY_ST_WAITING_REDIS,
-    NGX_HTTP_IDEMPOTENCY_ST_POLLING,
     NGX_HTTP_IDEMPOTENCY_ST_DECIDED,
     NGX_HTTP_IDEMPOTENCY_ST_DONE
 } ngx_http_idempotency_state_e;
@@ -175,12 +174,8 @@ struct ngx_http_idempotency_ctx_s {
     ngx_str_t                        rkey;
     ngx_str_t                        request_line;   /* for logs */
 
-    ngx_event_t                      poll;       /* the next look */
     ngx_event_handler_pt             read_handler;   /* the connection's */
     ngx_event_handler_pt             write_handler;
-    ngx_msec_t                       wait_until;
-    ngx_msec_t                       poll_delay;
-    ngx_http_idempotency_watcher_t  *notify;     /* notify.c */
 
     /* outcome.c: upstream attempts before the claim are not the owner's */
     ngx_uint_t                       states_from;
@@ -473,11 +468,6 @@ void ngx_http_idempotency_metrics_fresh_key(void);
 
 /* metrics_render.c: the scrape */
 ngx_int_t ngx_http_idempotency_metrics_handler(ngx_http_request_t *r);
-
-/* notify.c: waiting duplicates woken by the finish script's SPUBLISH */
-ngx_int_t ngx_http_idempotency_notify_watch(ngx_http_idempotency_ctx_t *ctx,
-    ngx_msec_t *delay);
-void ngx_http_idempotency_notify_unwatch(ngx_http_idempotency_ctx_t *ctx);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_HTTP_H_INCLUDED_ */

@@ -15,8 +15,6 @@
 #include "ngx_http_idempotency_http.h"
 
 
-static void ngx_http_idempotency_metrics_store_sent(
-    ngx_http_idempotency_key_op_t *kop, u_char *value);
 static void ngx_http_idempotency_metrics_store_failed(ngx_uint_t zone);
 static void ngx_http_idempotency_metrics_unknown(ngx_uint_t cause);
 static void ngx_http_idempotency_metrics_claim_sent(
@@ -66,8 +64,6 @@ ngx_http_idempotency_metrics_events_init(void)
                                         ngx_http_idempotency_metrics_master_del;
     ngx_http_idempotency_redis_events.master_up =
                                         ngx_http_idempotency_metrics_master_up;
-    ngx_http_idempotency_store_events.sent =
-                                        ngx_http_idempotency_metrics_store_sent;
     ngx_http_idempotency_store_events.done =
                                         ngx_http_idempotency_metrics_store_done;
     ngx_http_idempotency_store_events.failed =
@@ -166,17 +162,6 @@ ngx_http_idempotency_metrics_claim_done(
     (void) ngx_atomic_fetch_add(&mcf->sh->latency[i], 1);
     (void) ngx_atomic_fetch_add(&mcf->sh->latency_usec,
                                 (ngx_atomic_int_t) usec);
-}
-
-
-static void
-ngx_http_idempotency_metrics_store_sent(
-    ngx_http_idempotency_key_op_t *kop, u_char *value)
-{
-    kop->too_large = (value
-                      && ngx_http_idempotency_head_state(value)
-                         == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
-    kop->cause = value ? ngx_http_idempotency_lease_cause(value) : 0;
 }
 
 

@@ -279,6 +279,12 @@ ngx_http_idempotency_claim_found(ngx_http_idempotency_claim_t *c,
         break;
     }
 
+    if (answer == NGX_HTTP_IDEMPOTENCY_ANSWER_CONFLICT
+        && ngx_http_idempotency_claim_wait(c) == NGX_OK)
+    {
+        return;
+    }
+
     ngx_http_idempotency_claim_answered(c, answer);
 }
 
@@ -429,6 +435,13 @@ ngx_http_idempotency_claim_answered(ngx_http_idempotency_claim_t *c,
         ngx_del_timer(&c->timer);
     }
 
+    ngx_http_idempotency_claim_unwatch(c);
+
+    if (answer == NGX_HTTP_IDEMPOTENCY_ANSWER_NEW) {
+        /* the claim is the request's from now: its lease is kept alive */
+        ngx_http_idempotency_renew_start(c);
+    }
+
     c->handler(c, answer);
 }
 
@@ -449,6 +462,7 @@ ngx_http_idempotency_claim_detach(ngx_http_idempotency_claim_t *c)
     }
 
     ngx_http_idempotency_replicas_detach(c);
+    ngx_http_idempotency_claim_unwatch(c);
     ngx_http_idempotency_renew_stop(c);
 
     if (c->timer.timer_set) {

@@ -57,8 +57,6 @@ static void ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, ngx_uint_t store);
 static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
     redisReply *reply);
-static void ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop,
-    u_char *value);
 static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
     ngx_uint_t result);
 static void ngx_http_idempotency_no_failed(ngx_uint_t zone);
@@ -73,7 +71,6 @@ static void ngx_http_idempotency_no_claim_done(
 
 /* nobody counts until metrics_events.c does */
 ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
-    ngx_http_idempotency_no_sent,
     ngx_http_idempotency_no_done,
     ngx_http_idempotency_no_failed,
     ngx_http_idempotency_no_unknown,
@@ -236,7 +233,12 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
 
     if (handler != ngx_http_idempotency_stage_done) {
         kop->store = f->value ? 1 : 0;
-        ngx_http_idempotency_store_events.sent(kop, f->value);
+        /* what the count of its reply says it was */
+        kop->too_large = (f->value
+                          && ngx_http_idempotency_head_state(f->value)
+                             == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
+        kop->cause = f->value ? ngx_http_idempotency_lease_cause(f->value)
+                              : 0;
     }
 
     return op;
@@ -782,12 +784,6 @@ ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     /* a hint: a waiter that misses it polls */
-}
-
-
-static void
-ngx_http_idempotency_no_sent(ngx_http_idempotency_key_op_t *kop, u_char *value)
-{
 }
 
 

@@ -263,6 +263,11 @@ typedef struct {
 } ngx_http_idempotency_finish_t;
 
 
+/* one waiting for a record key to change (watch.c) */
+typedef struct ngx_http_idempotency_watcher_s
+    ngx_http_idempotency_watcher_t;
+
+
 /*
  * What a location's claims are, set once when its configuration is read:
  * every claim of the location points to it
@@ -273,6 +278,7 @@ typedef struct {
     ngx_msec_t                       lock_ttl;
     ngx_msec_t                       ttl;
     ngx_msec_t                       timeout;    /* each round trip's */
+    ngx_msec_t                       wait;       /* for a key in progress */
     ngx_uint_t                       replicas;   /* WAIT, WAITAOF */
     ngx_msec_t                       replicas_timeout;
     ngx_uint_t                       zone;       /* metrics */
@@ -333,6 +339,13 @@ struct ngx_http_idempotency_claim_s {
     ngx_uint_t                       mode;       /* how the claim is sent */
     ngx_uint_t                       takes;
     u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    /* claim_wait.c: a key in progress waited for */
+    ngx_event_t                      poll;
+    ngx_msec_t                       wait_until;
+    ngx_msec_t                       poll_delay;
+    ngx_http_idempotency_watcher_t  *watcher;
+    unsigned                         polling:1;
 };
 
 
@@ -353,9 +366,6 @@ struct ngx_http_idempotency_claim_s {
 #define NGX_HTTP_IDEMPOTENCY_WATCH_CALM     2
 #define NGX_HTTP_IDEMPOTENCY_WATCH_GONE     3
 
-
-typedef struct ngx_http_idempotency_watcher_s
-    ngx_http_idempotency_watcher_t;
 
 typedef ngx_int_t (*ngx_http_idempotency_watch_pt)(
     ngx_http_idempotency_watcher_t *w, ngx_uint_t event);
@@ -408,14 +418,12 @@ void ngx_http_idempotency_build_too_large(u_char *buf, u_char *head,
 
 
 /*
- * What the store tells whoever counts its finishes (metrics_events.c): a
- * finish sent, what its reply says (FINISH_*), one that could not be sent,
- * and an outcome that became unknown because a finish was never
- * acknowledged; nobody by default
+ * What the store tells whoever counts (metrics_events.c): what a finish's
+ * reply says (FINISH_*; the key op says what the finish was), one that
+ * could not be sent, an outcome that became unknown, a claim refused, and
+ * a claim's round trip; nobody by default
  */
 typedef struct {
-    void                           (*sent)(ngx_http_idempotency_key_op_t *kop,
-                                       u_char *value);
     void                           (*done)(ngx_http_idempotency_key_op_t *kop,
                                        ngx_uint_t result);
     void                           (*failed)(ngx_uint_t zone);
@@ -487,6 +495,10 @@ ngx_int_t ngx_http_idempotency_claim_start(ngx_http_idempotency_claim_t *c);
 void ngx_http_idempotency_claim_detach(ngx_http_idempotency_claim_t *c);
 void ngx_http_idempotency_claim_answered(ngx_http_idempotency_claim_t *c,
     ngx_uint_t answer);
+
+/* claim_wait.c: a claim that waits for its key in progress */
+ngx_int_t ngx_http_idempotency_claim_wait(ngx_http_idempotency_claim_t *c);
+void ngx_http_idempotency_claim_unwatch(ngx_http_idempotency_claim_t *c);
 
 /* claim_end.c: how a claim won ends, and how one whose request is gone */
 void ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
