@@ -609,7 +609,7 @@ ngx_http_idempotency_cluster_closed(ngx_http_idempotency_node_t *node)
 }
 
 
-/* a node's handshake is done */
+/* a node's handshake is done: the target is up, and so is its master */
 
 static void
 ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
@@ -618,6 +618,7 @@ ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
 
     cn = (ngx_http_idempotency_cnode_t *) node;
 
+    ngx_http_idempotency_target_up(node);
     ngx_http_idempotency_redis_events.master_up(cn->metric, 1);
 }
 
@@ -803,6 +804,24 @@ ngx_http_idempotency_cluster_tls_name(ngx_http_idempotency_node_t *node,
 }
 
 
+/*
+ * A node's replies go through the router (redirect), its commands back to
+ * it when the connection is lost, and a node that left the map is not
+ * connected again (wanted)
+ */
+
+static ngx_http_idempotency_node_owner_t
+    ngx_http_idempotency_cluster_owner = {
+    NULL,                                  /* handshake */
+    ngx_http_idempotency_cluster_up,
+    NULL,                                  /* reply */
+    ngx_http_idempotency_cluster_reply,
+    ngx_http_idempotency_cluster_lost,
+    ngx_http_idempotency_cluster_closed,
+    ngx_http_idempotency_target_closed
+};
+
+
 ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology = {
     ngx_http_idempotency_cluster_conf_seeds,
     NULL,                                  /* tls */
@@ -812,13 +831,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology = {
     ngx_http_idempotency_cluster_command,
     ngx_http_idempotency_cluster_load_script,
     ngx_http_idempotency_cluster_walk,
-    NULL,                                  /* handshake */
-    ngx_http_idempotency_cluster_up,
-    NULL,                                  /* reply */
-    ngx_http_idempotency_cluster_reply,
-    ngx_http_idempotency_cluster_lost,
-    ngx_http_idempotency_cluster_closed,
-    NULL,                                  /* closed */
+    &ngx_http_idempotency_cluster_owner,
     1,                                     /* nodes */
     0,                                     /* moves */
     0                                      /* tls_found */

@@ -441,7 +441,8 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
         cl->nodes = nodes;
     }
 
-    ngx_http_idempotency_node_init(&cn->node, redis, redis->log);
+    ngx_http_idempotency_node_init(&cn->node, redis, redis->log,
+                                   redis->topology->owner);
 
     cn->cluster = cl;
     cn->index = cl->nnodes;

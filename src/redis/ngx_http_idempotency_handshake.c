@@ -121,15 +121,8 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
         return;
     }
 
-    if (node->subscriber) {
-        /* a subscriber runs no scripts */
-        return;
-    }
-
-    if (redis->topology->handshake
-        && redis->topology->handshake(node) != NGX_OK)
-    {
-        /* a Sentinel has no scripts */
+    if (node->owner->handshake && node->owner->handshake(node) != NGX_OK) {
+        /* a Sentinel, a subscriber: no scripts */
         return;
     }
 
@@ -440,30 +433,11 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
                       reply->str);
     }
 
-    if (node->subscriber) {
-        /* subscribe.c's subscriber: not what redis_up counts */
-        node->up_handler(node);
-        return;
+    /* its owner first: it may say whether the node was up before */
+
+    if (node->owner->up) {
+        node->owner->up(node);
     }
-
-    if (redis->topology->nodes) {
-        /* which node of the target */
-        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
-                      "idempotency: connected to redis \"%V\" (%V)%s",
-                      &redis->name, &node->addrs->name,
-                      node->was_up ? " again" : "");
-
-    } else {
-        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
-                      "idempotency: connected to redis \"%V\"%s",
-                      &redis->name, node->was_up ? " again" : "");
-    }
-
-    if (redis->topology->up) {
-        redis->topology->up(node);
-    }
-
-    ngx_http_idempotency_redis_events.up(redis);
 
     node->up = 1;
     node->was_up = 1;

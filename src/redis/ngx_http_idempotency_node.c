@@ -15,8 +15,6 @@
 #include "ngx_http_idempotency_redis.h"
 
 
-static void ngx_http_idempotency_redis_schedule(
-    ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_redis_unsolicited(
     ngx_http_idempotency_redis_t *redis, redisReply *reply);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
@@ -32,13 +30,18 @@ static ngx_http_idempotency_op_t  *ngx_http_idempotency_free_ops;
 size_t  ngx_http_idempotency_op_size = sizeof(ngx_http_idempotency_op_t);
 
 
-/* a node's timers; a cluster has one node per master */
+/*
+ * A node's timers, and the owner its maker gives it, told of its life (a
+ * cluster has one node per master)
+ */
 
 void
 ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis, ngx_log_t *log)
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log,
+    ngx_http_idempotency_node_owner_t *owner)
 {
     node->redis = redis;
+    node->owner = owner;
     node->backoff = NGX_HTTP_IDEMPOTENCY_BACKOFF_MIN;
     node->tail = &node->head;
     node->parked_tail = &node->parked;
@@ -90,7 +93,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 
     if (ngx_http_idempotency_conn_open(node) != NGX_OK) {
         ngx_http_idempotency_node_resend(node);
-        ngx_http_idempotency_redis_schedule(node);
+        ngx_http_idempotency_node_schedule(node);
         return;
     }
 
@@ -105,21 +108,18 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node)
 }
 
 
-static void
-ngx_http_idempotency_redis_schedule(ngx_http_idempotency_node_t *node)
+/* a node is connected again after its backoff, if its owner still wants it */
+
+void
+ngx_http_idempotency_node_schedule(ngx_http_idempotency_node_t *node)
 {
     if (node->redis->exiting || ngx_exiting || ngx_quit || ngx_terminate) {
         return;
     }
 
-    /*
-     * a cluster node that left the slot map is not reconnected;
-     * subscribe.c's subscribers are no cluster nodes
-     */
+    /* a cluster node that left the slot map is not reconnected */
 
-    if (!node->subscriber && node->redis->topology->wanted
-        && !node->redis->topology->wanted(node))
-    {
+    if (node->owner->wanted && !node->owner->wanted(node)) {
         return;
     }
 
@@ -383,16 +383,7 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 {
     ngx_http_idempotency_op_t  *op;
 
-    if (node->subscriber
-        && node->push(node, reply) == NGX_DONE)
-    {
-        freeReplyObject(reply);
-        return node->open ? NGX_OK : NGX_ERROR;
-    }
-
-    if (node->redis->topology->reply
-        && node->redis->topology->reply(node, reply) == NGX_DONE)
-    {
+    if (node->owner->reply && node->owner->reply(node, reply) == NGX_DONE) {
         freeReplyObject(reply);
         return node->open ? NGX_OK : NGX_ERROR;
     }
@@ -432,9 +423,8 @@ ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
 
     /* MOVED, ASK, TRYAGAIN...: the cluster router sends it again */
 
-    if (node->redis->topology->redirect && !node->handshake_failed
-        && !node->subscriber
-        && node->redis->topology->redirect(node, op, reply) == NGX_DONE)
+    if (node->owner->redirect && !node->handshake_failed
+        && node->owner->redirect(node, op, reply) == NGX_DONE)
     {
         freeReplyObject(reply);
         return node->open ? NGX_OK : NGX_ERROR;
@@ -482,9 +472,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 
         /* a cluster's ops go back to the router */
 
-        if (node->redis->topology->lost && !node->subscriber
-            && node->redis->topology->lost(node, op) == NGX_OK)
-        {
+        if (node->owner->lost && node->owner->lost(node, op) == NGX_OK) {
             continue;
         }
 
@@ -522,26 +510,10 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
         ngx_delete_posted_event(&node->reset_ev);
     }
 
-    if (node->subscriber) {
-        if (node->closed_handler(node)) {
-            ngx_http_idempotency_redis_schedule(node);
-        }
+    /* whether and when it connects again is its owner's to say */
 
-        return;
-    }
-
-    /* a cluster node that left the slot map is no lost Redis */
-
-    if (node->redis->topology->wanted == NULL
-        || node->redis->topology->wanted(node))
-    {
-        ngx_http_idempotency_redis_events.down(node->redis);
-    }
-
-    ngx_http_idempotency_redis_schedule(node);
-
-    if (node->redis->topology->closed) {
-        node->redis->topology->closed(node);
+    if (node->owner->closed) {
+        node->owner->closed(node);
     }
 }
 

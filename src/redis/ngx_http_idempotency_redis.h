@@ -70,6 +70,42 @@ typedef struct ngx_http_idempotency_cnode_s  ngx_http_idempotency_cnode_t;
 
 
 /*
+ * A node's owner: what node.c and handshake.c tell of the node's life to
+ * whoever made it, the hiredis way (a context's callbacks).  The owner
+ * gives its table to node_init() and the client calls through it, never
+ * asking what kind of node it has: a target's nodes have their
+ * topology's table, a subscriber's nodes the subscriber's (subscribe.c).
+ * A NULL handler is not called.
+ */
+typedef struct {
+    /* after CLIENT SETNAME (NGX_OK: INFO server and the scripts follow) */
+    ngx_int_t                      (*handshake)(
+                                       ngx_http_idempotency_node_t *node);
+
+    /* the handshake passed; node.c marks the node up after it */
+    void                           (*up)(ngx_http_idempotency_node_t *node);
+
+    /* a reply before the FIFO sees it, then one to its command (NGX_DONE) */
+    ngx_int_t                      (*reply)(ngx_http_idempotency_node_t *node,
+                                       redisReply *reply);
+    ngx_int_t                      (*redirect)(
+                                       ngx_http_idempotency_node_t *node,
+                                       ngx_http_idempotency_op_t *op,
+                                       redisReply *reply);
+
+    /*
+     * a closed node: its commands (NGX_OK: taken back), then the node,
+     * which its owner reconnects (node_schedule) or not; wanted: whether
+     * the node is still wanted, asked before any reconnect
+     */
+    ngx_int_t                      (*lost)(ngx_http_idempotency_node_t *node,
+                                       ngx_http_idempotency_op_t *op);
+    ngx_uint_t                     (*wanted)(ngx_http_idempotency_node_t *node);
+    void                           (*closed)(ngx_http_idempotency_node_t *node);
+} ngx_http_idempotency_node_owner_t;
+
+
+/*
  * A topology: how a target finds its nodes, routes its commands and
  * follows its changes.  Standalone (target.c), a Sentinel-managed master
  * and its Sentinels (sentinel.c) and Cluster (cluster.c) each fill one;
@@ -107,24 +143,12 @@ typedef struct {
                                        ngx_uint_t *at,
                                        ngx_http_idempotency_node_t **node);
 
-    /* a node's life: after CLIENT SETNAME (NGX_OK: scripts follow) */
-    ngx_int_t                      (*handshake)(
-                                       ngx_http_idempotency_node_t *node);
-    void                           (*up)(ngx_http_idempotency_node_t *node);
-
-    /* a reply before the FIFO sees it, then one to its command (NGX_DONE) */
-    ngx_int_t                      (*reply)(ngx_http_idempotency_node_t *node,
-                                       redisReply *reply);
-    ngx_int_t                      (*redirect)(
-                                       ngx_http_idempotency_node_t *node,
-                                       ngx_http_idempotency_op_t *op,
-                                       redisReply *reply);
-
-    /* a closed node: its commands (NGX_OK: taken back), then the node */
-    ngx_int_t                      (*lost)(ngx_http_idempotency_node_t *node,
-                                       ngx_http_idempotency_op_t *op);
-    ngx_uint_t                     (*wanted)(ngx_http_idempotency_node_t *node);
-    void                           (*closed)(ngx_http_idempotency_node_t *node);
+    /*
+     * the owner of the target's nodes, given to each as it is made
+     * (target.c, cluster_map.c); its up and closed call target_up() and
+     * target_closed(), what every target's node does
+     */
+    ngx_http_idempotency_node_owner_t  *owner;
 
     /* many nodes, each by its own address or name (logs name the node) */
     ngx_uint_t                       nodes;
@@ -216,7 +240,6 @@ struct ngx_http_idempotency_node_s {
     unsigned                         up:1;       /* handshake succeeded */
     unsigned                         was_up:1;
     unsigned                         refused:1;  /* refusal logged */
-    unsigned                         subscriber:1;
 
     /*
      * what the handshake asks again on this connection after a backoff
@@ -226,17 +249,8 @@ struct ngx_http_idempotency_node_s {
     unsigned                         ask:2;
     unsigned                         ask_logged:1;
 
-    /*
-     * a subscriber node (subscribe.c) is handed every reply first
-     * (NGX_DONE: taken), told of its handshake, and asked on a close
-     * whether to reconnect
-     */
-    ngx_int_t                      (*push)(ngx_http_idempotency_node_t *node,
-                                           redisReply *reply);
-    void                           (*up_handler)(
-                                       ngx_http_idempotency_node_t *node);
-    ngx_uint_t                     (*closed_handler)(
-                                       ngx_http_idempotency_node_t *node);
+    /* whoever made the node: its topology's table, or a subscriber's */
+    ngx_http_idempotency_node_owner_t  *owner;
 };
 
 
@@ -462,6 +476,8 @@ ngx_int_t ngx_http_idempotency_standalone_command(
     const size_t *argvlen);
 ngx_http_idempotency_node_t *ngx_http_idempotency_redis_node(
     ngx_cycle_t *cycle, ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_target_up(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_target_closed(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_redis_node_exit(
     ngx_http_idempotency_redis_t *redis);
 void ngx_http_idempotency_redis_node_load_script(
@@ -487,7 +503,9 @@ ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
+    ngx_http_idempotency_redis_t *redis, ngx_log_t *log,
+    ngx_http_idempotency_node_owner_t *owner);
+void ngx_http_idempotency_node_schedule(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_node_queue(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op);
@@ -584,7 +602,8 @@ ngx_http_idempotency_channel_t *ngx_http_idempotency_subscriber_channel(
 void ngx_http_idempotency_subscribe(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch);
-void ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node);
+void ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_subscriber_addr(
     ngx_http_idempotency_node_t *node, ngx_addr_t *m);
 void ngx_http_idempotency_subscriber_dirty(

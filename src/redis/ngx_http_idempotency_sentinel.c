@@ -702,9 +702,10 @@ ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_t *s)
 
 
 /*
- * The end of a connection (after node.c planned the next): a Sentinel
- * that gave no usable answer, or one that turned out wrong, is followed
- * by the next one; a lost master makes the Sentinels be asked again.
+ * The end of a connection, after what any target's node does (the next
+ * one planned): a Sentinel that gave no usable answer, or one that turned
+ * out wrong, is followed by the next one; a lost master makes the
+ * Sentinels be asked again.
  */
 
 static void
@@ -713,6 +714,8 @@ ngx_http_idempotency_sentinel_closed(ngx_http_idempotency_node_t *node)
     ngx_http_idempotency_sentinel_t  *s;
 
     s = node->redis->sentinel;
+
+    ngx_http_idempotency_target_closed(node);
 
     if (node->redis->exiting || ngx_exiting || ngx_terminate) {
         return;
@@ -853,6 +856,24 @@ ngx_http_idempotency_sentinel_master_exit(ngx_http_idempotency_redis_t *redis)
 }
 
 
+/*
+ * The nodes of both targets: the master's asks for its ROLE, and a
+ * READONLY from it has the Sentinels asked again; a Sentinel's asks for
+ * the master and takes the +switch-master messages
+ */
+
+static ngx_http_idempotency_node_owner_t
+    ngx_http_idempotency_sentinel_owner = {
+    ngx_http_idempotency_sentinel_handshake,
+    ngx_http_idempotency_target_up,
+    ngx_http_idempotency_sentinel_reply,
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    ngx_http_idempotency_sentinel_closed
+};
+
+
 ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology = {
     ngx_http_idempotency_sentinel_resolver,
     ngx_http_idempotency_sentinel_tls,
@@ -862,13 +883,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinel_topology = {
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
     NULL,                                  /* master */
-    ngx_http_idempotency_sentinel_handshake,
-    NULL,                                  /* up */
-    ngx_http_idempotency_sentinel_reply,
-    NULL,                                  /* redirect */
-    NULL,                                  /* lost */
-    NULL,                                  /* wanted */
-    ngx_http_idempotency_sentinel_closed,
+    &ngx_http_idempotency_sentinel_owner,
     0,                                     /* nodes */
     1,                                     /* moves */
     1                                      /* tls_found */
@@ -886,13 +901,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_sentinels_topology = {
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
     NULL,                                  /* master */
-    ngx_http_idempotency_sentinel_handshake,
-    NULL,                                  /* up */
-    ngx_http_idempotency_sentinel_reply,
-    NULL,                                  /* redirect */
-    NULL,                                  /* lost */
-    NULL,                                  /* wanted */
-    ngx_http_idempotency_sentinel_closed,
+    &ngx_http_idempotency_sentinel_owner,
     0,                                     /* nodes */
     0,                                     /* moves */
     1                                      /* tls_found */

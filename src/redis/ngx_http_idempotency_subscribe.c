@@ -20,11 +20,6 @@
 #include "ngx_http_idempotency_redis.h"
 
 
-#define NGX_HTTP_IDEMPOTENCY_SUBSCRIBER_BACKOFF_MIN  10
-
-
-
-
 static void ngx_http_idempotency_subscriber_reconnect(ngx_event_t *ev);
 static ngx_uint_t ngx_http_idempotency_subscriber_moved(
     ngx_http_idempotency_node_t *node);
@@ -32,16 +27,35 @@ static void ngx_http_idempotency_subscriber_batch(ngx_event_t *ev);
 static ngx_uint_t ngx_http_idempotency_subscriber_send(
     ngx_http_idempotency_subscriber_t *n, const char *cmd,
     ngx_uint_t subscribe);
+static ngx_int_t ngx_http_idempotency_subscriber_handshake(
+    ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_subscriber_reply(
     ngx_http_idempotency_node_t *node, redisReply *reply);
 static void ngx_http_idempotency_subscriber_up(
     ngx_http_idempotency_node_t *node);
-static ngx_uint_t ngx_http_idempotency_subscriber_closed(
+static void ngx_http_idempotency_subscriber_closed(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_subscriber_exit(
     ngx_http_idempotency_redis_t *redis);
 static ngx_uint_t ngx_http_idempotency_subscriber_is(redisReply *r,
     const char *s);
+
+
+/*
+ * The owner of a subscriber's nodes: no scripts after the handshake, no
+ * router and no map: its own replies, up and close
+ */
+
+static ngx_http_idempotency_node_owner_t
+    ngx_http_idempotency_subscriber_owner = {
+    ngx_http_idempotency_subscriber_handshake,
+    ngx_http_idempotency_subscriber_up,
+    ngx_http_idempotency_subscriber_reply,
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    ngx_http_idempotency_subscriber_closed
+};
 
 
 /*
@@ -60,8 +74,7 @@ ngx_http_idempotency_subscriber_create(ngx_http_idempotency_redis_t *redis)
         return NULL;
     }
 
-    ngx_http_idempotency_node_init(&n->node, redis, redis->log);
-    ngx_http_idempotency_subscriber_node(&n->node);
+    ngx_http_idempotency_subscriber_node(&n->node, redis);
 
     ngx_rbtree_init(&n->tree, &n->sentinel, ngx_str_rbtree_insert_value);
     ngx_queue_init(&n->dirty);
@@ -77,16 +90,19 @@ ngx_http_idempotency_subscriber_create(ngx_http_idempotency_redis_t *redis)
 }
 
 
-/* a node of its own: the client hands it what no command asked for */
+/*
+ * A node of its own, owned by the subscriber: the client hands it what no
+ * command asked for, and its reconnects are the subscriber's
+ */
 
 void
-ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node)
+ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node,
+    ngx_http_idempotency_redis_t *redis)
 {
-    node->subscriber = 1;
+    ngx_http_idempotency_node_init(node, redis, redis->log,
+                                   &ngx_http_idempotency_subscriber_owner);
+
     node->reconnect_ev.handler = ngx_http_idempotency_subscriber_reconnect;
-    node->push = ngx_http_idempotency_subscriber_reply;
-    node->up_handler = ngx_http_idempotency_subscriber_up;
-    node->closed_handler = ngx_http_idempotency_subscriber_closed;
 }
 
 
@@ -576,18 +592,23 @@ ngx_http_idempotency_subscriber_is(redisReply *r, const char *s)
 }
 
 
+/* a subscriber runs no scripts: nothing follows CLIENT SETNAME */
+
+static ngx_int_t
+ngx_http_idempotency_subscriber_handshake(ngx_http_idempotency_node_t *node)
+{
+    return NGX_DONE;
+}
+
+
+/* not what redis_up counts: the channels waiting go now */
+
 static void
 ngx_http_idempotency_subscriber_up(ngx_http_idempotency_node_t *node)
 {
     ngx_http_idempotency_subscriber_t  *n;
 
     n = node->redis->subscriber;
-
-    node->up = 1;
-    node->was_up = 1;
-    node->failed = 0;
-    node->refused = 0;
-    node->backoff = NGX_HTTP_IDEMPOTENCY_SUBSCRIBER_BACKOFF_MIN;
 
     if (!ngx_queue_empty(&n->dirty) && !n->batch_ev.posted) {
         ngx_post_event(&n->batch_ev, &ngx_posted_events);
@@ -598,10 +619,11 @@ ngx_http_idempotency_subscriber_up(ngx_http_idempotency_node_t *node)
 /*
  * The subscriber connection is gone with its subscriptions: its channels
  * are confirmed no more until it is back and they are subscribed again.
- * Returns whether to reconnect.
+ * It is not back once SSUBSCRIBE was refused, nor counted as the target
+ * down.
  */
 
-static ngx_uint_t
+static void
 ngx_http_idempotency_subscriber_closed(ngx_http_idempotency_node_t *node)
 {
     ngx_rbtree_node_t                  *rn, *next;
@@ -640,7 +662,9 @@ ngx_http_idempotency_subscriber_closed(ngx_http_idempotency_node_t *node)
 
 done:
 
-    return !n->off && !node->redis->exiting;
+    if (!n->off) {
+        ngx_http_idempotency_node_schedule(node);
+    }
 }
 
 

@@ -145,8 +145,7 @@ ngx_http_idempotency_subscriber_shard(ngx_http_idempotency_subscriber_t *n,
 
     sub = &s->node;
 
-    ngx_http_idempotency_node_init(sub, redis, redis->log);
-    ngx_http_idempotency_subscriber_node(sub);
+    ngx_http_idempotency_subscriber_node(sub, redis);
 
     if (ngx_http_idempotency_subscriber_addr(sub, m) != NGX_OK) {
         ngx_free(s);

@@ -7,7 +7,9 @@
  * and loads its scripts through them, and a target hands each of these to
  * its topology's table, which knows where the nodes are.  The standalone
  * topology fills the table with one node, made when the worker starts and
- * freed when it exits.  What a node does with a command is node.c's.
+ * freed when it exits.  Whatever the topology, a target's node is up and
+ * closed here (its topology's owner table calls target_up and
+ * target_closed).  What a node does with a command is node.c's.
  */
 
 
@@ -20,6 +22,19 @@ static void *ngx_http_idempotency_no_master_add(
     ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
 static void ngx_http_idempotency_no_master_del(void *entry);
 static void ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up);
+
+
+/* a standalone node is up or closed as any target's */
+static ngx_http_idempotency_node_owner_t
+    ngx_http_idempotency_standalone_owner = {
+    NULL,                                  /* handshake */
+    ngx_http_idempotency_target_up,
+    NULL,                                  /* reply */
+    NULL,                                  /* redirect */
+    NULL,                                  /* lost */
+    NULL,                                  /* wanted */
+    ngx_http_idempotency_target_closed
+};
 
 
 /* nobody listens until metrics_events.c does */
@@ -41,13 +56,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology = {
     ngx_http_idempotency_standalone_command,
     ngx_http_idempotency_redis_node_load_script,
     NULL,                                  /* master */
-    NULL,                                  /* handshake */
-    NULL,                                  /* up */
-    NULL,                                  /* reply */
-    NULL,                                  /* redirect */
-    NULL,                                  /* lost */
-    NULL,                                  /* wanted */
-    NULL,                                  /* closed */
+    &ngx_http_idempotency_standalone_owner,
     0,                                     /* nodes */
     0,                                     /* moves */
     0                                      /* tls_found */
@@ -102,11 +111,60 @@ ngx_http_idempotency_redis_node(ngx_cycle_t *cycle,
         return NULL;
     }
 
-    ngx_http_idempotency_node_init(node, redis, cycle->log);
+    ngx_http_idempotency_node_init(node, redis, cycle->log,
+                                   redis->topology->owner);
 
     redis->node = node;
 
     return node;
+}
+
+
+/*
+ * What every target's node does when its handshake passed, whatever the
+ * topology (whose up calls it): the target is up.  A subscriber's node is
+ * no target's: it is not counted.
+ */
+
+void
+ngx_http_idempotency_target_up(ngx_http_idempotency_node_t *node)
+{
+    ngx_http_idempotency_redis_t  *redis;
+
+    redis = node->redis;
+
+    if (redis->topology->nodes) {
+        /* which node of the target */
+        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                      "idempotency: connected to redis \"%V\" (%V)%s",
+                      &redis->name, &node->addrs->name,
+                      node->was_up ? " again" : "");
+
+    } else {
+        ngx_log_error(NGX_LOG_NOTICE, redis->log, 0,
+                      "idempotency: connected to redis \"%V\"%s",
+                      &redis->name, node->was_up ? " again" : "");
+    }
+
+    ngx_http_idempotency_redis_events.up(redis);
+}
+
+
+/*
+ * And when its connection closed (after node.c answered its commands),
+ * before what the topology's closed does: the target is down, unless the
+ * node left a cluster's map, and the node connects again after its
+ * backoff.
+ */
+
+void
+ngx_http_idempotency_target_closed(ngx_http_idempotency_node_t *node)
+{
+    if (node->owner->wanted == NULL || node->owner->wanted(node)) {
+        ngx_http_idempotency_redis_events.down(node->redis);
+    }
+
+    ngx_http_idempotency_node_schedule(node);
 }
 
 
