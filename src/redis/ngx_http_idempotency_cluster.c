@@ -156,15 +156,21 @@ ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
         return NGX_ERROR;
     }
 
-    op->buf = ngx_alloc(ngx_http_idempotency_format_len(argc, argvlen),
-                        redis->log);
-    if (op->buf == NULL) {
-        ngx_http_idempotency_op_free(op);
-        return NGX_ERROR;
+    if (argv) {
+        /* with no arguments, the op's kept command (redis_command_kept()) */
+
+        op->buf = ngx_alloc(ngx_http_idempotency_format_len(argc, argvlen),
+                            redis->log);
+        if (op->buf == NULL) {
+            ngx_http_idempotency_op_free(op);
+            return NGX_ERROR;
+        }
+
+        op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv,
+                                                  argvlen)
+                      - op->buf;
     }
 
-    op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv, argvlen)
-                  - op->buf;
     op->deadline = ngx_current_msec + redis->timeout;
 
     idx = cl->slot_node[ngx_http_idempotency_cluster_slot(op->rkey,

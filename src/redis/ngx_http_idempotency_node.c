@@ -224,17 +224,22 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
         return NGX_ERROR;
     }
 
-    len = ngx_http_idempotency_format_len(argc, argvlen);
+    len = argv ? ngx_http_idempotency_format_len(argc, argvlen)
+               : op->buf_len;
 
     if (op->again && len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
         /* a large store: formatted once, kept, and written from there */
 
-        op->buf = ngx_alloc(len, node->redis->log);
+        if (argv) {
+            op->buf = ngx_alloc(len, node->redis->log);
+        }
 
         if (op->buf) {
-            op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv,
-                                                      argvlen)
-                          - op->buf;
+            if (argv) {
+                op->buf_len = ngx_http_idempotency_format(op->buf, argc, argv,
+                                                          argvlen)
+                              - op->buf;
+            }
 
             if (ngx_http_idempotency_conn_write_now(node, op->buf,
                                                     op->buf_len)
@@ -256,7 +261,10 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
         return NGX_ERROR;
     }
 
-    p = ngx_http_idempotency_format(start, argc, argv, argvlen);
+    /* no arguments: the op's kept command (redis_command_kept()) */
+
+    p = argv ? ngx_http_idempotency_format(start, argc, argv, argvlen)
+             : ngx_cpymem(start, op->buf, op->buf_len);
 
     if (op->resend) {
         if ((size_t) (p - start) <= sizeof(op->cmd)) {

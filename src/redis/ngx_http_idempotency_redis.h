@@ -484,6 +484,8 @@ void ngx_http_idempotency_redis_node_load_script(
     ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
+ngx_int_t ngx_http_idempotency_redis_command_kept(
+    ngx_http_idempotency_op_t *op);
 void ngx_http_idempotency_redis_load_script(
     ngx_http_idempotency_redis_t *redis);
 ngx_int_t ngx_http_idempotency_redis_master(
@@ -529,6 +531,10 @@ u_char *ngx_http_idempotency_format(u_char *p, int argc, const char **argv,
     const size_t *argvlen);
 ngx_int_t ngx_http_idempotency_node_noscript(
     ngx_http_idempotency_node_t *node, ngx_http_idempotency_op_t *op);
+ngx_int_t ngx_http_idempotency_resp_replace(ngx_http_idempotency_op_t *op,
+    ngx_uint_t n, u_char *data, size_t len);
+ngx_int_t ngx_http_idempotency_resp_keep(ngx_http_idempotency_op_t *op,
+    u_char *data, size_t len);
 
 /* target_conf.c: "idempotency_redis ..." into a target */
 ngx_http_idempotency_redis_t *ngx_http_idempotency_target_conf(ngx_conf_t *cf,

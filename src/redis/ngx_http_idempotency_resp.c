@@ -3,10 +3,11 @@
  * Copyright (C) The ngx_http_idempotency_module authors
  *
  * The commands as RESP bytes: formatted by hand, straight into a node's
- * output buffer or a store's kept copy, and a kept EVALSHA rewritten into
- * EVAL with the script's text after a NOSCRIPT.  Both know the layout of
- * a RESP array of bulk strings, so they are kept together, and apart from
- * the FIFO that sends them (node.c).
+ * output buffer or an op's kept copy; a kept command copied for another
+ * op, or one of its arguments replaced; a kept EVALSHA rewritten into EVAL
+ * with the script's text after a NOSCRIPT.  All know the layout of a RESP
+ * array of bulk strings, so they are kept together, and apart from the
+ * FIFO that sends them (node.c).  Nothing above the client reads them.
  */
 
 
@@ -152,6 +153,133 @@ ngx_http_idempotency_node_noscript(ngx_http_idempotency_node_t *node,
     node->out_last = ngx_cpymem(p, op->buf, op->buf_len);
 
     ngx_http_idempotency_node_queue(node, op);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The op keeps its own copy of a command another op kept (data, len), to
+ * send it again (redis_command_kept())
+ */
+
+ngx_int_t
+ngx_http_idempotency_resp_keep(ngx_http_idempotency_op_t *op, u_char *data,
+    size_t len)
+{
+    if (data == NULL || len == 0) {
+        return NGX_ERROR;
+    }
+
+    op->buf = ngx_alloc(len, op->redis->log);
+    if (op->buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    op->buf_len = len;
+    ngx_memcpy(op->buf, data, len);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Argument n (0: the command's name) of the kept command replaced by
+ * data: "*N\r\n" then N times "$len\r\n" bytes "\r\n", as format() wrote
+ * it.  Every length is checked against the bytes there.
+ */
+
+ngx_int_t
+ngx_http_idempotency_resp_replace(ngx_http_idempotency_op_t *op,
+    ngx_uint_t n, u_char *data, size_t len)
+{
+    u_char      *p, *last, *arg, *next, *buf;
+    size_t       size, alen;
+    ngx_uint_t   i, argc;
+
+    if (op->buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = op->buf;
+    last = op->buf + op->buf_len;
+
+    if (last - p < 4 || *p++ != '*') {
+        return NGX_ERROR;
+    }
+
+    for (argc = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+        argc = argc * 10 + (*p - '0');
+
+        if (argc > NGX_MAX_INT32_VALUE) {
+            return NGX_ERROR;
+        }
+    }
+
+    if (n >= argc || last - p < 2 || *p != CR) {
+        return NGX_ERROR;
+    }
+
+    p += 2;
+    arg = NULL;
+    alen = 0;
+
+    for (i = 0; i <= n; i++) {
+        arg = p;
+
+        if (last - p < 4 || *p++ != '$') {
+            return NGX_ERROR;
+        }
+
+        for (alen = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+            alen = alen * 10 + (*p - '0');
+
+            if (alen > (size_t) (last - p)) {
+                return NGX_ERROR;
+            }
+        }
+
+        if (last - p < 2 || *p != CR) {
+            return NGX_ERROR;
+        }
+
+        p += 2;
+
+        if ((size_t) (last - p) < alen + 2) {
+            return NGX_ERROR;
+        }
+
+        p += alen + 2;
+    }
+
+    /* arg: where argument n starts ("$"), p: where the next one does */
+
+    next = p;
+
+    if (alen == len) {
+        ngx_memcpy(next - 2 - len, data, len);
+        return NGX_OK;
+    }
+
+    size = (arg - op->buf) + sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + len
+           + (last - next);
+
+    buf = ngx_alloc(size, op->redis->log);
+    if (buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_cpymem(buf, op->buf, arg - op->buf);
+    *p++ = '$';
+    p = ngx_http_idempotency_format_size(p, len);
+    p = ngx_cpymem(p, data, len);
+    *p++ = CR;
+    *p++ = LF;
+    p = ngx_cpymem(p, next, last - next);
+
+    ngx_free(op->buf);
+    op->buf = buf;
+    op->buf_len = p - buf;
 
     return NGX_OK;
 }

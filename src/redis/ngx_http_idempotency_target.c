@@ -262,6 +262,26 @@ ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op, int argc,
 }
 
 
+/*
+ * The command the op keeps (op->buf, RESP, from resp.c), sent as a new
+ * one: routed as any command is, kept again to be sent after a lost
+ * connection.  A topology's command() takes no arguments for it.
+ */
+
+ngx_int_t
+ngx_http_idempotency_redis_command_kept(ngx_http_idempotency_op_t *op)
+{
+    if (op->buf == NULL) {
+        ngx_http_idempotency_op_free(op);
+        return NGX_ERROR;
+    }
+
+    op->again = 1;
+
+    return op->redis->topology->command(op, 0, NULL, NULL);
+}
+
+
 ngx_int_t
 ngx_http_idempotency_standalone_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen)

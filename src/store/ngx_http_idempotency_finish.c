@@ -51,8 +51,6 @@ static void ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_int_t ngx_http_idempotency_native_again(
     ngx_http_idempotency_op_t *op, redisReply *reply);
-static ngx_uint_t ngx_http_idempotency_finish_own(
-    ngx_http_idempotency_op_t *op, u_char *old);
 static void ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
     ngx_str_t *rkey, ngx_uint_t store);
 static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
@@ -239,6 +237,14 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
                              == NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE);
         kop->cause = f->value ? ngx_http_idempotency_lease_cause(f->value)
                               : 0;
+
+        /* a native store sent again may find this very record there */
+        kop->head_kept = (f->value && f->len >= NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+
+        if (kop->head_kept) {
+            ngx_memcpy(kop->value_head, f->value,
+                       NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
+        }
     }
 
     return op;
@@ -638,9 +644,13 @@ ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
             /* the owner's claim under another word: compared again */
             return;
 
-        } else if (kop->store && op->buf && op->buf_len > 0) {
+        } else if (kop->head_kept
+                   && ngx_memcmp(old, kop->value_head,
+                                 NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+                      == 0)
+        {
             /* this very record, stored by an attempt whose reply was lost */
-            result.integer = ngx_http_idempotency_finish_own(op, old);
+            result.integer = 1;
         }
     }
 
@@ -659,9 +669,6 @@ static ngx_int_t
 ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
-    int                             argc;
-    size_t                          argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
-    const char                     *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
     ngx_str_t                       rkey;
     ngx_http_idempotency_key_op_t  *kop, *again;
 
@@ -671,12 +678,7 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
         || reply->str[4] != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
         || ngx_memcmp(reply->str, kop->claim, NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
            != 0
-        || kop->cas >= NGX_HTTP_IDEMPOTENCY_CAS_TRIES
-        || op->buf == NULL
-        || ngx_http_idempotency_retry_parse(op->buf, op->buf + op->buf_len,
-                                            &argc, argv, argvlen)
-           != NGX_OK
-        || argc != NGX_HTTP_IDEMPOTENCY_FINISH_ARGS)
+        || kop->cas >= NGX_HTTP_IDEMPOTENCY_CAS_TRIES)
     {
         return NGX_DECLINED;
     }
@@ -687,21 +689,29 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
     }
 
     again->op.handler = op->handler;
-    again->op.again = 1;
     again->cas = kop->cas + 1;
     ngx_memcpy(again->claim, reply->str, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
 
-    /* compared with what is there; a release sets it to itself */
+    /*
+     * the same SET, compared with what is there (its 5th argument); a
+     * release sets it to itself (its 3rd)
+     */
 
-    argv[4] = (const char *) again->claim;
-
-    if (!kop->store) {
-        argv[2] = (const char *) again->claim;
+    if (ngx_http_idempotency_resp_keep(&again->op, op->buf, op->buf_len)
+        != NGX_OK
+        || ngx_http_idempotency_resp_replace(&again->op, 4, again->claim,
+                                             NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+           != NGX_OK
+        || (!kop->store
+            && ngx_http_idempotency_resp_replace(&again->op, 2, again->claim,
+                                                 NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
+               != NGX_OK))
+    {
+        ngx_http_idempotency_op_free(&again->op);
+        return NGX_DECLINED;
     }
 
-    if (ngx_http_idempotency_redis_command(&again->op, argc, argv, argvlen)
-        != NGX_OK)
-    {
+    if (ngx_http_idempotency_redis_command_kept(&again->op) != NGX_OK) {
         return NGX_DECLINED;
     }
 
@@ -711,28 +721,6 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
     ngx_http_idempotency_publish(op->redis, &rkey, kop->store);
 
     return NGX_OK;
-}
-
-
-/* the value found starts with this finish's own record head */
-
-static ngx_uint_t
-ngx_http_idempotency_finish_own(ngx_http_idempotency_op_t *op, u_char *old)
-{
-    int          argc;
-    size_t       argvlen[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
-    const char  *argv[NGX_HTTP_IDEMPOTENCY_FINISH_ARGS];
-
-    if (ngx_http_idempotency_retry_parse(op->buf, op->buf + op->buf_len,
-                                         &argc, argv, argvlen)
-        != NGX_OK
-        || argc != NGX_HTTP_IDEMPOTENCY_FINISH_ARGS
-        || argvlen[2] < NGX_HTTP_IDEMPOTENCY_HEAD_LEN)
-    {
-        return 0;
-    }
-
-    return ngx_memcmp(old, argv[2], NGX_HTTP_IDEMPOTENCY_HEAD_LEN) == 0;
 }
 
 

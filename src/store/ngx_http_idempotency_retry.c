@@ -11,9 +11,10 @@
  * so sending one twice is harmless.  Past the lease a duplicate reads the
  * claim as an unknown outcome, never as a free key.
  *
- * The command is kept as it was formatted (RESP), and parsed back into its
- * arguments to go through the client again, so that a cluster routes it to
- * whichever node has the slot by then.  What is kept is bounded per worker.
+ * The client keeps the command as it sent it; a retry hands it back to the
+ * client as a new command (redis_command_kept()), so that a cluster routes
+ * it to whichever node has the slot by then.  The store never reads those
+ * bytes.  What is kept is bounded per worker.
  */
 
 
@@ -22,11 +23,6 @@
 
 #define NGX_HTTP_IDEMPOTENCY_RETRY_FIRST   50
 #define NGX_HTTP_IDEMPOTENCY_RETRY_MAX     1000
-/*
- * the most a kept command has: the finish script's EVALSHA, its SHA, 2,
- * the key, the staged key, the claim, the head, the ttl and "0" (quiet)
- */
-#define NGX_HTTP_IDEMPOTENCY_RETRY_ARGS    9
 
 #ifndef NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET
 #define NGX_HTTP_IDEMPOTENCY_RETRY_BUDGET  (8 * 1024 * 1024)
@@ -36,7 +32,7 @@
 typedef struct {
     ngx_event_t                      ev;
     ngx_queue_t                      queue;
-    u_char                          *buf;        /* the command, RESP */
+    u_char                          *buf;        /* the client's, kept */
     size_t                           len;
     ngx_msec_t                       backoff;
     ngx_http_idempotency_key_op_t    kop;        /* what the op carried */
@@ -214,24 +210,11 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
 {
     ngx_http_idempotency_retry_t *rt = ev->data;
 
-    int                             argc;
-    size_t                          argvlen[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
-    const char                     *argv[NGX_HTTP_IDEMPOTENCY_RETRY_ARGS];
     ngx_msec_int_t                  left;
     ngx_http_idempotency_op_t      *op;
     ngx_http_idempotency_key_op_t  *kop, *saved;
 
     saved = &rt->kop;
-
-    if (ngx_http_idempotency_retry_parse(rt->buf, rt->buf + rt->len, &argc,
-                                         argv, argvlen)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ALERT, ev->log, 0,
-                      "idempotency: a kept command does not parse");
-        ngx_http_idempotency_retry_free(rt);
-        return;
-    }
 
     kop = ngx_http_idempotency_key_op_copy(saved);
     if (kop == NULL) {
@@ -242,13 +225,19 @@ ngx_http_idempotency_retry_handler(ngx_event_t *ev)
     op->handler = saved->op.handler;
     kop->retry_backoff = rt->backoff;
     kop->cas = 0;
-    op->again = 1;
     op->resent = 1;
-    op->script = (argvlen[0] == 7 && ngx_strncmp(argv[0], "EVALSHA", 7) == 0)
-                 ? &ngx_http_idempotency_finish_script : NULL;
 
-    if (ngx_http_idempotency_redis_command(op, argc, argv, argvlen)
-        == NGX_OK)
+    /* an EVALSHA still (its EVAL after a NOSCRIPT needs no script) */
+    op->script = saved->op.script;
+
+    /* a copy: a command the client cannot send is freed with its op */
+
+    if (ngx_http_idempotency_resp_keep(op, rt->buf, rt->len) != NGX_OK) {
+        ngx_http_idempotency_op_free(op);
+        goto again;
+    }
+
+    if (ngx_http_idempotency_redis_command_kept(op) == NGX_OK)
     {
         /* the op carries it now; its reply decides what comes next */
         ngx_http_idempotency_retry_free(rt);
@@ -281,65 +270,6 @@ again:
 
     rt->backoff = ngx_min(rt->backoff * 2, NGX_HTTP_IDEMPOTENCY_RETRY_MAX);
     ngx_add_timer(ev, ngx_min(rt->backoff, (ngx_msec_t) left));
-}
-
-
-/* "*N\r\n" then N times "$len\r\n" bytes "\r\n", as format() wrote it */
-
-ngx_int_t
-ngx_http_idempotency_retry_parse(u_char *p, u_char *last, int *argc,
-    const char **argv, size_t *argvlen)
-{
-    size_t      len;
-    ngx_int_t   i, n;
-
-    if (last - p < 4 || *p++ != '*') {
-        return NGX_ERROR;
-    }
-
-    for (n = 0; p < last && *p >= '0' && *p <= '9'; p++) {
-        n = n * 10 + (*p - '0');
-    }
-
-    if (n < 1 || n > NGX_HTTP_IDEMPOTENCY_RETRY_ARGS
-        || last - p < 2 || *p != CR)
-    {
-        return NGX_ERROR;
-    }
-
-    p += 2;
-
-    for (i = 0; i < n; i++) {
-        if (last - p < 4 || *p++ != '$') {
-            return NGX_ERROR;
-        }
-
-        for (len = 0; p < last && *p >= '0' && *p <= '9'; p++) {
-            len = len * 10 + (*p - '0');
-
-            if (len > (size_t) (last - p)) {
-                return NGX_ERROR;
-            }
-        }
-
-        if (last - p < 2 || *p != CR) {
-            return NGX_ERROR;
-        }
-
-        p += 2;
-
-        if ((size_t) (last - p) < len + 2) {
-            return NGX_ERROR;
-        }
-
-        argv[i] = (const char *) p;
-        argvlen[i] = len;
-        p += len + 2;
-    }
-
-    *argc = (int) n;
-
-    return p == last ? NGX_OK : NGX_ERROR;
 }
 
 

@@ -129,6 +129,9 @@ typedef struct {
     ngx_http_idempotency_op_t        op;
 
     u_char                           claim[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    /* a store's: the first bytes of its value (head_kept) */
+    u_char                           value_head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                           info_len;
     u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
@@ -162,6 +165,7 @@ typedef struct {
     unsigned                         forward:1;
     unsigned                         too_large:1;
     unsigned                         won:1;      /* WAIT: after a claim won */
+    unsigned                         head_kept:1;
     unsigned                         aof:1;      /* WAITAOF */
 } ngx_http_idempotency_key_op_t;
 
@@ -680,8 +684,6 @@ ngx_int_t ngx_http_idempotency_finish_retry(ngx_http_idempotency_op_t *op,
 ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
 void ngx_http_idempotency_retry_exit(void);
-ngx_int_t ngx_http_idempotency_retry_parse(u_char *p, u_char *last,
-    int *argc, const char **argv, size_t *argvlen);
 
 /* watch.c: waiting for a record key to change, woken by the finish */
 extern ngx_uint_t  ngx_http_idempotency_watch_epoch;
