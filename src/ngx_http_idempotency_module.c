@@ -12,6 +12,18 @@
 #include "ngx_http_idempotency_module.h"
 
 
+/*
+ * A place has a resolver of its own when the "resolver" directive named
+ * servers: nginx keeps them in an array, Angie in a list (its resolvers
+ * can change at run time), empty where none was named.
+ */
+#if defined(angie_version)
+#define ngx_http_idempotency_resolver_set(r)  ((r)->connections != NULL)
+#else
+#define ngx_http_idempotency_resolver_set(r)  ((r)->connections.nelts != 0)
+#endif
+
+
 static ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
@@ -670,7 +682,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     if (conf->redis->topology->conf
         && conf->redis->topology->conf(cf, conf->redis,
                                        clcf->resolver
-                                       && clcf->resolver->connections.nelts
+                                       && ngx_http_idempotency_resolver_set(
+                                              clcf->resolver)
                                        ? clcf->resolver : NULL,
                                        clcf->resolver_timeout)
            != NGX_OK)

@@ -8,7 +8,7 @@
 # any fails.
 set -euo pipefail
 
-src=$(cd "${1:?usage: check-nginx.sh NGINX_SOURCE_TREE}" && pwd)
+src=${1:?usage: check-nginx.sh NGINX_SOURCE_TREE_OR_TARBALL}
 top=$(cd "$(dirname "$0")/.." && pwd)
 
 # configure writes objs/ and a Makefile into the tree: build in a copy,
@@ -16,12 +16,29 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/check-nginx.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
+# a release tarball (nginx, freenginx, Angie, Tengine) is unpacked there
+if [ -f "$src" ]; then
+    mkdir "$scratch/tree"
+    tar -xzf "$src" -C "$scratch/tree"
+    src=$(find "$scratch/tree" -mindepth 1 -maxdepth 1 -type d | head -1)
+fi
+src=$(cd "$src" && pwd)
+
 # release tarballs have ./configure, a git tree only auto/configure
 configure=./configure
 [ -x "$src/configure" ] || configure=./auto/configure
 
 version=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' \
     "$src/src/core/nginx.h")
+
+# the forks say which they are beside the nginx version they are based on
+if [ -f "$src/src/core/angie.h" ]; then
+    version="$version (Angie $(sed -n 's/^#define ANGIE_VERSION *"\(.*\)"/\1/p' "$src/src/core/angie.h"))"
+elif grep -q 'TENGINE_VERSION' "$src/src/core/nginx.h"; then
+    version="$version (Tengine $(sed -n 's/^#define TENGINE_VERSION *"\(.*\)"/\1/p' "$src/src/core/nginx.h"))"
+elif grep -qi 'freenginx' "$src/src/core/nginx.h"; then
+    version="$version (freenginx)"
+fi
 
 # --with-debug compiles the module's debug log lines (Debian's nginx has
 # it); HTTP/3 is added where the tree knows it (1.25 and newer)
