@@ -30,8 +30,8 @@ sys.path.insert(0, HERE)
 import judge            # noqa: E402
 import timeline         # noqa: E402
 from client import operation, post              # noqa: E402
-from services import (TOP, Nginx, Proc, Redis, Topology,  # noqa: E402
-                      wait_for)
+from services import (TOP, CutProxy, Nginx, Proc, Redis,  # noqa: E402
+                      Topology, wait_for)
 
 LEASE = 3.0             # idempotency_lock_ttl
 # a dead owner's lease is read as lost a third of the lock after its
@@ -96,8 +96,8 @@ async def redis_kill(c, t0):
 
 async def redis_cut(c, t0):
     return await between(t0, 0.3, 2.8,
-                         lambda: c.cutter.signal(signal.SIGUSR1),
-                         lambda: c.cutter.signal(signal.SIGUSR2))
+                         lambda: c.cutter.command('random 0.15'),
+                         lambda: c.cutter.command('random 0'))
 
 
 async def sentinel_failover(c, t0):
@@ -266,10 +266,9 @@ class Campaign:
         origin = Proc([os.path.join(HERE, 'origin.py'),
                        str(self.port('origin')), self.origin_log],
                       os.path.join(o, 'origin.err'))
-        self.cutter = Proc([os.path.join(HERE, 'cutproxy.py'),
-                            str(self.port('cut')), str(self.port('redis')),
-                            '0.15', os.path.join(o, 'cuts.log')],
-                           os.path.join(o, 'cutproxy.err'))
+        self.cutter = CutProxy(self.port('cut'), self.port('redis'),
+                               os.path.join(o, 'cuts.log'),
+                               os.path.join(o, 'cutproxy.err'))
         for p in (origin, self.cutter):
             self.procs.append(p)
             p.start()

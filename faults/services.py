@@ -109,7 +109,7 @@ class Topology:
 
 
 class Proc:
-    """A Python helper of ours (origin, cut proxy) in the background."""
+    """A Python helper of ours (the origin) in the background."""
 
     def __init__(self, args, log):
         self.args, self.log, self.proc = args, log, None
@@ -127,6 +127,35 @@ class Proc:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait()
+
+
+class CutProxy(Proc):
+    """The cut proxy of the tests (t/lib/cutproxy.py), driven through its
+    standard input: command(line) returns once the line is in force."""
+
+    def __init__(self, port, redis_port, cuts, log):
+        super().__init__([os.path.join(TOP, 't/lib/cutproxy.py'), str(port),
+                          str(redis_port), cuts], log)
+
+    def start(self):
+        f = open(self.log, 'a')
+        self.proc = subprocess.Popen(['python3'] + self.args,
+                                     stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=f,
+                                     text=True)
+        f.close()
+        self.expect('ready')
+
+    def expect(self, want):
+        line = self.proc.stdout.readline().strip()
+        if line != want:
+            raise RuntimeError('the cut proxy said %r, not %r'
+                               % (line or '(nothing)', want))
+
+    def command(self, line):
+        self.proc.stdin.write(line + '\n')
+        self.proc.stdin.flush()
+        self.expect('ok')
 
 
 class Nginx:

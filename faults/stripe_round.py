@@ -1,8 +1,7 @@
 """The round with Stripe's own Node library (npm `stripe`), pointed at the
 edges as its API host, against an origin that times out or answers 500
-after it ran.  The package is installed at run time into a cache outside
-the repository ($STRIPE_NODE_DIR, as for t/047, else
-/var/cache/ngx-idempotency-npm, else ~/.cache/ngx-idempotency-npm);
+after it ran.  The library is driven by t/lib/stripe_client.js, as in
+t/047, which installs it at run time into a cache outside the repository;
 without node and npm the round is skipped with a message."""
 
 import asyncio
@@ -14,41 +13,19 @@ import subprocess
 import judge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE = 'stripe@23.1.0'        # the version t/047 tests
+CLIENT = os.path.join(os.path.dirname(HERE), 't/lib/stripe_client.js')
 KEYS = 16
 
 
-def npm_dir():
-    for d in (os.environ.get('STRIPE_NODE_DIR'),
-              '/var/cache/ngx-idempotency-npm',
-              os.path.expanduser('~/.cache/ngx-idempotency-npm')):
-        if not d:
-            continue
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(d, os.W_OK):
-            return d
-    return None
-
-
 def install():
-    """-> node_modules of a cache with the package, or why not."""
-    if not shutil.which('node') or not shutil.which('npm'):
-        return None, 'node or npm is not installed'
-    d = npm_dir()
-    if d is None:
-        return None, 'no writable cache directory for npm'
-    mods = os.path.join(d, 'node_modules')
-    if not os.path.exists(os.path.join(mods, 'stripe', 'package.json')):
-        out = subprocess.run(['npm', 'install', '--prefix', d, '--no-audit',
-                              '--no-fund', '--silent', PACKAGE],
-                             capture_output=True, text=True, timeout=300)
-        if out.returncode:
-            return None, 'npm install %s failed: %s' % (
-                PACKAGE, out.stderr.strip()[-300:])
-    return mods, None
+    """-> the library's name and version, and why not when it is not."""
+    if not shutil.which('node'):
+        return None, 'node is not installed'
+    out = subprocess.run(['node', CLIENT, 'install'], capture_output=True,
+                         text=True, timeout=330)
+    if out.returncode:
+        return None, out.stderr.strip()[-300:]
+    return out.stdout.strip(), None
 
 
 def attempt_of(o, commits):
@@ -73,9 +50,10 @@ def attempt_of(o, commits):
 
 async def run(c):
     name = 'stripe-sdk'
-    print('round %s (Redis direct, npm %s)' % (name, PACKAGE), flush=True)
-    mods, why = await asyncio.to_thread(install)
-    if mods is None:
+    package, why = await asyncio.to_thread(install)
+    print('round %s (Redis direct, npm %s)' % (name, package or 'stripe'),
+          flush=True)
+    if package is None:
         print('  skipped: %s' % why, flush=True)
         c.notes.append('%s skipped: %s' % (name, why))
         return
@@ -83,11 +61,12 @@ async def run(c):
     await c.control(modes=['timeout', 'err500'], rate=0.8, delay=0.05,
                     late=1.6, seed=99)
     keys = ['%s-keep-%d' % (tag, i) for i in range(KEYS)]
-    ports = c.ports_of('direct')
+    # even keys to the first edge, odd keys to the second
     proc = await asyncio.create_subprocess_exec(
-        'node', os.path.join(HERE, 'stripe-round.js'), str(ports[0]),
-        str(ports[1]), *keys, stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, NODE_PATH=mods))
+        'node', CLIENT, '--timeout', '5000',
+        ','.join(map(str, c.ports_of('direct'))),
+        *('%s:%d' % (k, 1000 + i) for i, k in enumerate(keys)),
+        stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     await asyncio.sleep(0.3)
     events = c.origin_events(tag)

@@ -21,7 +21,7 @@ my $slow = $ENV{TEST_ASAN} ? 4 : 1;
 my ($proxy_port, $port) = (20780, 20781);
 
 my $root = fleet_root('redisresend');
-my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cut");
+my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cuts.log");
 
 my $dir = nginx_conf('resend',
     pay_server('resend', $port, "idempotency_redis 127.0.0.1:$proxy_port;"

@@ -120,7 +120,7 @@ topo('up', 'replica') or BAIL_OUT('no replica topology');
 slow_backend($backend_port, 1.5 * $slow);
 
 # cuts the connection of a claim's SET (and its WAIT) after Redis ran it
-$proxy_pid = cut_proxy($proxy_port, $master, "$root/cut");
+$proxy_pid = cut_proxy($proxy_port, $master, "$root/cuts.log");
 
 my $wait = " idempotency_redis_timeout 2s; idempotency_redis_wait 1 400ms;";
 my $redis = "idempotency_redis 127.0.0.1:$master;$wait";

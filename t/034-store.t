@@ -43,7 +43,7 @@ my ($port, $proxy_port, $cut_port, $be_port, $acl_port) =
     map { $base + $_ } 0 .. 4;
 
 my $root = fleet_root('store');
-my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cut");
+my $proxy_pid = cut_proxy($proxy_port, $rp, "$root/cuts.log");
 
 # 300 KB, every byte value, in a pattern that shows any shift
 my $big = join '', map { chr($_ % 251) } 0 .. 300 * 1024 - 1;

@@ -93,7 +93,7 @@ note("$ENV{REDIS_SERVER}: WAITAOF " . ($has_waitaof ? 'known' : 'unknown'));
 # to pause the replica
 slow_backend($backend_port, 2.5 * $slow);
 
-$proxy_pid = cut_proxy($proxy_port, $master, "$root/cut");
+$proxy_pid = cut_proxy($proxy_port, $master, "$root/cuts.log");
 
 # a replica acknowledges its fsync in its reply to the master's GETACK, or
 # else in its ACK of every second: 1.5 s, not WAIT's usual 100 ms

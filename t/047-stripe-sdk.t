@@ -2,8 +2,9 @@
 # on every POST and retries network errors, 409 and 5xx unless told not to)
 # against a fake payments origin behind the module: it stops on
 # outcome-unknown and on 422, raising the error its type names, and retries
-# a 409 until the replay. npm installs the library into a cache outside
-# the repository (STRIPE_NODE_DIR, default /var/cache/ngx-idempotency-npm).
+# a 409 until the replay. It is driven by t/lib/stripe_client.js, which
+# has npm install it into a cache outside the repository (STRIPE_NODE_DIR,
+# default /var/cache/ngx-idempotency-npm).
 # Plain Test::More: its own nginx (edges on 19990-19992, origin on 19993).
 use strict;
 use warnings;
@@ -16,13 +17,9 @@ use Time::HiRes qw(sleep);
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
 
-my $lib = $ENV{STRIPE_NODE_DIR} || '/var/cache/ngx-idempotency-npm';
-my $version = '23.1.0';
-unless (-e "$lib/node_modules/stripe/package.json") {
-    system("mkdir -p $lib && cd $lib && npm install --no-audit --no-fund "
-           . "--silent stripe\@$version >/dev/null 2>&1") == 0
-        or BAIL_OUT("npm install stripe\@$version failed");
-}
+my $client = 't/lib/stripe_client.js';
+my $installed = `node $client install 2>&1`;
+$? == 0 or BAIL_OUT("Stripe's library: $installed");
 my $slow = $ENV{TEST_ASAN} ? 3 : 1;
 my ($late_port, $fast_port, $slow_port, $origin_port)
     = (19990, 19991, 19992, 19993);
@@ -62,9 +59,10 @@ sleep 0.3;
 
 my $run = int(time * 1000);
 
+# one call per amount with the key -> what the library handed back last
 sub sdk {
-    my ($port, $scenario, $key) = @_;
-    my $out = `node t/lib/stripe_client.js $lib $port $scenario $key 2>&1`;
+    my ($port, $key, @amounts) = @_;
+    my $out = `node $client $port $key:@{[ join ',', @amounts ]} 2>&1`;
     my ($line) = $out =~ /^(\{.*\})$/m;
     return eval { decode_json($line // '') } || { raw => $out };
 }
@@ -77,10 +75,10 @@ sub runs {
 # 1. a charge that commits and answers after proxy_read_timeout: the
 # library retries nginx's 504 once, is told outcome-unknown with
 # Stripe-Should-Retry: false, and stops
-my $r = sdk($late_port, 'once', "$run-late");
-is($r->{ok}, JSON::PP::false, 'outcome unknown: the library raises')
+my $r = sdk($late_port, "$run-late", 100);
+is($r->{resolved}, JSON::PP::false, 'outcome unknown: the library raises')
     or diag explain $r;
-is($r->{class}, 'StripeAPIError', '...a StripeAPIError');
+is($r->{error}, 'StripeAPIError', '...a StripeAPIError');
 is($r->{type}, 'api_error', '...of type api_error');
 is($r->{code}, 'outcome-unknown', '...with code outcome-unknown');
 is($r->{status}, 504, '...status 504');
@@ -90,8 +88,9 @@ is(runs("$run-late", 'late'), 1, '...and the charge ran once');
 # 2. the same key for another amount: 422, an idempotency error, no retry
 # (stripe-node names StripeIdempotencyError only for 400 and 404, Stripe's
 # own statuses; a 422 is raised as an API error of type idempotency_error)
-$r = sdk($fast_port, 'mismatch', "$run-mismatch");
-is($r->{ok}, JSON::PP::false, '422: the library raises, no charge returned')
+$r = sdk($fast_port, "$run-mismatch", 100, 200);
+is($r->{resolved}, JSON::PP::false,
+   '422: the library raises, no charge returned')
     or diag explain $r;
 is($r->{type}, 'idempotency_error', '...an error of type idempotency_error');
 is($r->{code}, 'key-reused', '...code key-reused');
@@ -100,14 +99,14 @@ is(runs("$run-mismatch", 'fast'), 1, '...the first charge ran once');
 
 # 3. a retry while the first is in progress: 409, retried by the library
 # (x-should-retry: true, Retry-After) until it gets the replay
-my $pid = open(my $first, '-|',
-               "node t/lib/stripe_client.js $lib $slow_port once $run-slow")
+my $pid = open(my $first, '-|', "node $client $slow_port $run-slow:100")
     // die;
 sleep 0.3 * $slow;
-$r = sdk($slow_port, 'once', "$run-slow");
+$r = sdk($slow_port, "$run-slow", 100);
 my $o = eval { decode_json(scalar <$first> // '') } || {};
 close $first;
-ok($o->{ok} && $r->{ok}, 'in progress: both calls return the charge')
+ok($o->{resolved} && $r->{resolved},
+   'in progress: both calls return the charge')
     or diag explain [$o, $r];
 is($r->{id}, $o->{id}, '...the same charge: the second is the replay');
 is(runs("$run-slow", 'slow'), 1, '...which ran once');

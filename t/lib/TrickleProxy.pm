@@ -19,7 +19,8 @@ package TrickleProxy;
 use strict;
 use warnings;
 use Time::HiRes qw(sleep);
-use CutProxy qw(proxy_loop);
+use IO::Socket::INET;
+use IO::Select;
 use Exporter 'import';
 
 our @EXPORT = qw(trickle_proxy trickle);
@@ -83,6 +84,58 @@ sub trickle_proxy {
             syswrite($p, $buf);
         }
     }, $read_size);
+}
+
+# proxy_loop(listen port, redis port, on_data, read_size) -> pid of a
+# forked proxy that connects each accepted connection to Redis and calls
+# on_data(socket, bytes, peer, close, from_redis) for what either side
+# sent (at most read_size(from_redis) bytes, default 64 KB);
+# close->(socket) closes both sides
+sub proxy_loop {
+    my ($port, $rp, $on_data, $read_size) = @_;
+    my $pid = fork // die "fork: $!";
+    return $pid if $pid;
+
+    srand($$);
+    my $l = IO::Socket::INET->new(LocalAddr => "127.0.0.1:$port",
+                                  Listen => 16, ReuseAddr => 1)
+        or die "proxy: $!";
+    my $sel = IO::Select->new($l);
+    my %peer;
+    my $close = sub {
+        my $s = shift;
+        my $p = delete $peer{$s};
+        delete $peer{$p} if $p;
+        for ($s, $p) {
+            next unless $_;
+            $sel->remove($_);
+            close $_;
+        }
+    };
+    while (1) {
+        for my $s ($sel->can_read) {
+            if ($s == $l) {
+                my $c = $l->accept or next;
+                my $r = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$rp")
+                    or do { close $c; next };
+                $peer{$c} = $r;
+                $peer{$r} = $c;
+                ${*$r}{redis} = 1;
+                $sel->add($c, $r);
+                next;
+            }
+            my $from_redis = ${*$s}{redis} ? 1 : 0;
+            my $size = $read_size ? $read_size->($from_redis) : 65536;
+            my $n = sysread($s, my $buf, $size);
+            if (!$n) {
+                $close->($s);
+                next;
+            }
+            my $p = $peer{$s} or next;
+            $on_data->($s, $buf, $p, $close, $from_redis);
+        }
+    }
+    exit 0;
 }
 
 1;

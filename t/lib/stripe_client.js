@@ -1,36 +1,138 @@
-// One scenario of t/047-stripe-sdk.t with Stripe's own Node.js library:
-//   node stripe_client.js STRIPE_DIR PORT SCENARIO KEY
-// Prints one JSON line: what the library returned or threw.
+// Stripe's own Node.js library (npm "stripe", the version below) pointed at
+// nginx as its API host, for t/047-stripe-sdk.t and the fault campaign's
+// round (faults/stripe_round.py).
+//
+//   node stripe_client.js install
+//     Installs the library, unless it is there, into a cache outside the
+//     repository: the first of $STRIPE_NODE_DIR,
+//     /var/cache/ngx-idempotency-npm and ~/.cache/ngx-idempotency-npm that
+//     has it, else the first that can be written.  Prints the library's
+//     name and version; exits 1 with why on stderr if it cannot.
+//
+//   node stripe_client.js [--timeout MS] PORT[,PORT]... KEY:AMOUNT[,AMOUNT]...
+//     For each KEY at once, one stripe.charges.create() per AMOUNT in
+//     turn, with that idempotencyKey, its retries left to the library
+//     (maxNetworkRetries); the n-th KEY goes to the n-th PORT (round
+//     robin); the library gives up on a request after MS (20000).  Prints
+//     one JSON line per KEY, in their order: what the library handed the
+//     application for the last call made, a result or the error it threw.
 'use strict';
+const childProcess = require('child_process');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
 
-const [dir, port, scenario, key] = process.argv.slice(2);
-const Stripe = require(dir + '/node_modules/stripe');
+const NAME = 'stripe';
+const VERSION = '23.1.0';
 
-const stripe = Stripe('sk_test_idempotency', {
-    host: '127.0.0.1', port: Number(port), protocol: 'http',
-    maxNetworkRetries: 4, timeout: 20000,
-});
+const caches = [process.env.STRIPE_NODE_DIR, '/var/cache/ngx-idempotency-npm',
+                path.join(os.homedir(), '.cache', 'ngx-idempotency-npm')]
+  .filter(Boolean);
 
-function report(o) { process.stdout.write(JSON.stringify(o) + '\n'); }
-
-function create(amount) {
-    return stripe.charges.create({ amount, currency: 'usd' },
-                                 { idempotencyKey: key });
+function installedIn(dir) {
+  try {
+    const pkg = path.join(dir, 'node_modules', NAME, 'package.json');
+    return JSON.parse(fs.readFileSync(pkg, 'utf8')).version === VERSION;
+  } catch (e) {
+    return false;
+  }
 }
 
-async function main() {
-    try {
-        const amounts = scenario === 'mismatch' ? [100, 200] : [100];
-        let last;
-        for (const a of amounts) {
-            last = await create(a);
-        }
-        report({ ok: true, id: last.id });
-    } catch (e) {
-        report({ ok: false, class: e.constructor.name,
-                 type: e.raw ? e.raw.type : null,
-                 code: e.code, status: e.statusCode });
+function writable(dir) {
+  try {
+    fs.mkdirSync(dir, { recursive: true });
+    fs.accessSync(dir, fs.constants.W_OK);
+    return true;
+  } catch (e) {
+    return false;
+  }
+}
+
+function install() {
+  if (caches.some(installedIn)) {
+    return;
+  }
+  const dir = caches.find(writable);
+  if (!dir) {
+    throw new Error('no writable cache directory for npm: '
+                    + caches.join(', '));
+  }
+  const out = childProcess.spawnSync('npm', [
+    'install', '--prefix', dir, '--no-audit', '--no-fund', '--silent',
+    `${NAME}@${VERSION}`], { encoding: 'utf8', timeout: 300000 });
+  if (out.error || out.status !== 0) {
+    throw new Error(`npm install ${NAME}@${VERSION} failed: `
+                    + (out.error ? out.error.message
+                                 : out.stderr.trim().slice(-300)));
+  }
+}
+
+async function one(edges, key, amounts, i) {
+  const out = { key, t0: Date.now() / 1000 };
+  try {
+    let res;
+    for (const amount of amounts) {
+      res = await edges[i % edges.length].charges.create(
+        { amount, currency: 'usd' }, { idempotencyKey: key });
     }
+    const last = res.lastResponse || {};
+    out.resolved = true;
+    out.id = res.id;
+    out.status = last.statusCode;
+    out.headers = last.headers || {};
+    out.body = JSON.stringify(res);
+  } catch (e) {
+    out.resolved = false;
+    out.error = e.type || e.name;
+    out.type = e.raw ? e.raw.type : null;
+    out.code = e.code;
+    out.message = e.message;
+    out.status = e.statusCode || 0;
+    out.headers = e.headers || {};
+    out.charge = e.raw && e.raw.charge;
+  }
+  out.t1 = Date.now() / 1000;
+  return out;
 }
 
-main();
+async function run(args) {
+  let timeout = 20000;
+  if (args[0] === '--timeout') {
+    timeout = Number(args[1]);
+    args = args.slice(2);
+  }
+  const dir = caches.find(installedIn);
+  if (!dir) {
+    throw new Error(`${NAME}@${VERSION} is not installed: run install first`);
+  }
+  const Stripe = require(path.join(dir, 'node_modules', NAME));
+  const edges = args[0].split(',').map((port) => new Stripe('sk_test_idem', {
+    host: '127.0.0.1', port: Number(port), protocol: 'http',
+    maxNetworkRetries: 4, timeout, telemetry: false,
+  }));
+  const calls = args.slice(1).map((arg) => {
+    const at = arg.lastIndexOf(':');
+    return [arg.slice(0, at), arg.slice(at + 1).split(',').map(Number)];
+  });
+  const all = await Promise.all(
+    calls.map(([key, amounts], i) => one(edges, key, amounts, i)));
+  for (const o of all) {
+    process.stdout.write(JSON.stringify(o) + '\n');
+  }
+}
+
+async function main(args) {
+  try {
+    if (args[0] === 'install') {
+      install();
+      process.stdout.write(`${NAME}@${VERSION}\n`);
+    } else {
+      await run(args);
+    }
+  } catch (e) {
+    process.stderr.write(`stripe_client.js: ${e.message}\n`);
+    process.exitCode = 1;
+  }
+}
+
+main(process.argv.slice(2));
