@@ -351,10 +351,11 @@ newest_setup() {
            "$root/var/cache/apt/ngx-idempotency-newest"
 }
 
-# the npm library t/047 installs when it is missing (the version it names)
+# the npm library t/047 installs when it is missing (the version its
+# driver, t/lib/stripe_client.js, names)
 stripe_version() {
-    sed -n "s/^my \$version = '\([^']*\)';.*/\1/p" "$top"/t/047-*.t \
-        2>/dev/null | head -1
+    sed -n "s/^const VERSION = '\([^']*\)';.*/\1/p" \
+        "$top"/t/lib/stripe_client.js 2>/dev/null | head -1
 }
 
 # copy_checkout DIR: the work tree's tracked and untracked non-ignored
