@@ -4,6 +4,7 @@
 #   fuzz_key        ngx_http_idempotency_parse_key()        (key.c)
 #   fuzz_record     ngx_http_idempotency_record_decode()    (record.c)
 #   fuzz_roundtrip  capture_header() -> record_decode()     (record.c)
+#   fuzz_resp       ngx_http_idempotency_resp_replace()     (resp.c)
 #
 # The nginx headers come from the configure tree "make module" leaves in
 # build/nginx (NGX_TREE to override).  That tree is rm -rf'd and recreated by
@@ -66,3 +67,5 @@ build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" \
                      "$src/store/ngx_http_idempotency_record.c" \
                      "$src/store/ngx_http_idempotency_build.c" \
                      "$src/http/ngx_http_idempotency_capture.c"
+build fuzz_resp      "$top/fuzz/fuzz_resp.c" \
+                     "$src/redis/ngx_http_idempotency_resp.c"

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-k=corpus/key r=corpus/record t=corpus/roundtrip
-mkdir -p "$k" "$r" "$t"
+k=corpus/key r=corpus/record t=corpus/roundtrip s=corpus/resp
+mkdir -p "$k" "$r" "$t" "$s"
 
 # --- key: byte 0 is max - 1 (0xff: 1024), then the header value -----------
 key() { perl -e 'print pack("C", shift), shift' "$1" "$2" > "$k/seed-$3"; }
@@ -74,3 +74,8 @@ rt 36 0    4096 'X-A' '1' 'Set-Cookie' 'c=d' 'body' \
 rt 1 0     60   'text/plain' 'too large'                  > "$t/seed-declined"
 rt 0 222   4096 "$(printf '\x7fdeleted')" 'v' 'Date' 'x' 'CONTENT-LENGTH' '9' \
     'x-hide-me' 'y' 'te' 'z' ''                           > "$t/seed-skipped"
+
+# --- resp: byte 0 = the argument to replace (bit 7: raw bytes) | pieces ---
+printf '\x02EVALSHA\nabc\n1\nkey\nXYZ'                       > "$s/seed-evalsha"
+printf '\x04SET\nkey\nvalue\nIFEQ\nold\nGET\nPX\n5\nnewclaim'  > "$s/seed-native"
+printf '\x84*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n'       > "$s/seed-raw"
