@@ -27,25 +27,11 @@
 
 
 #include "ngx_http_idempotency_module.h"
+#include "fuzz.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-#define fuzz_assert(cond, ...)                                                \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "fuzz_record: assertion \"%s\" failed at "        \
-                    "%s:%d: ", #cond, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            abort();                                                          \
-        }                                                                     \
-    } while (0)
-
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 
 /* the decoder must never log */

@@ -41,6 +41,7 @@
 
 
 #include "ngx_http_idempotency_module.h"
+#include "fuzz.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,23 +49,8 @@
 #include <ctype.h>
 
 
-#define fuzz_assert(cond, ...)                                                \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "fuzz_roundtrip: assertion \"%s\" failed at "     \
-                    "%s:%d: ", #cond, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            abort();                                                          \
-        }                                                                     \
-    } while (0)
-
-
 #define MAX_FIELDS   64
 #define PART_NALLOC  3
-
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 
 static ngx_pool_t  *fake_pool = (ngx_pool_t *) "pool";
