@@ -609,3 +609,58 @@ ngx_http_idempotency_claim_conf(ngx_http_idempotency_loc_conf_t *conf)
     cc->dry_run = conf->dry_run ? 1 : 0;
     cc->passes = (conf->on_redis_error == NGX_HTTP_IDEMPOTENCY_ON_ERROR_PASS);
 }
+
+
+/*
+ * idempotency_key_pattern REGEX: the keys this API accepts (a UUID, a
+ * minimum length), as PCRE, a search as "map" makes it: anchored where the
+ * pattern says ^ and $.  Checked on the decoded key.
+ */
+
+char *
+ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+#if (NGX_PCRE)
+    ngx_str_t            *value;
+    ngx_regex_compile_t   rc;
+    u_char                errstr[NGX_MAX_CONF_ERRSTR];
+
+    if (ilcf->key_pattern != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        return "takes a regular expression, not an empty string";
+    }
+
+    ngx_memzero(&rc, sizeof(ngx_regex_compile_t));
+
+    rc.pattern = value[1];
+    rc.pool = cf->pool;
+    rc.err.len = NGX_MAX_CONF_ERRSTR;
+    rc.err.data = errstr;
+
+    if (ngx_regex_compile(&rc) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"%V\": %V", &cmd->name,
+                           &rc.err);
+        return NGX_CONF_ERROR;
+    }
+
+    ilcf->key_pattern = rc.regex;
+    ilcf->key_pattern_text = value[1];
+
+    return NGX_CONF_OK;
+
+#else
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" requires nginx built with PCRE", &cmd->name);
+    return NGX_CONF_ERROR;
+
+#endif
+}

@@ -158,6 +158,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, key_max_length),
       &ngx_http_idempotency_key_length_bounds },
 
+    { ngx_string("idempotency_key_pattern"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_key_pattern,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_scope"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_set_complex_value_slot,
@@ -531,6 +538,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->redis_timeout = NGX_CONF_UNSET_MSEC;
     conf->key = NGX_CONF_UNSET_PTR;
     conf->key_max_length = NGX_CONF_UNSET_SIZE;
+    conf->key_pattern = NGX_CONF_UNSET_PTR;
     conf->scope = NGX_CONF_UNSET_PTR;
     conf->required = NGX_CONF_UNSET;
     conf->ttl = NGX_CONF_UNSET_MSEC;
@@ -578,6 +586,15 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_ptr_value(conf->key, prev->key, NULL);
     ngx_conf_merge_size_value(conf->key_max_length, prev->key_max_length,
                               255);
+
+    if (conf->key_pattern == NGX_CONF_UNSET_PTR) {
+        conf->key_pattern = prev->key_pattern;
+        conf->key_pattern_text = prev->key_pattern_text;
+    }
+
+    if (conf->key_pattern == NGX_CONF_UNSET_PTR) {
+        conf->key_pattern = NULL;
+    }
     ngx_conf_merge_ptr_value(conf->scope, prev->scope, NULL);
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  (NGX_CONF_BITMASK_SET

@@ -30,6 +30,8 @@ char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
 size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
 char *ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,

@@ -126,6 +126,12 @@ my @bad = (
      qr/"idempotency_key_max_length" must be between 1 and 1024, not "0"/],
     ['idempotency_key_max_length 2000;',
      qr/"idempotency_key_max_length" must be between 1 and 1024, not "2000"/],
+    ['idempotency_key_pattern "^[a-f0-9";',
+     qr/"idempotency_key_pattern": pcre2?_compile\(\) failed: .* in "\^\[a-f0-9"/],
+    ['idempotency_key_pattern "";',
+     qr/"idempotency_key_pattern" directive takes a regular expression, not an empty string/],
+    ['idempotency_key_pattern a; idempotency_key_pattern b;',
+     qr/"idempotency_key_pattern" directive is duplicate/],
     ['idempotency_on_redis_error maybe;',
      qr/"idempotency_on_redis_error" must be "reject" or "pass", not "maybe"/],
     ['idempotency maybe;', qr/invalid value "maybe"/],
@@ -148,6 +154,7 @@ my ($ok, $out) = nginx_t(<<'EOC');
             idempotency_redis_prefix "pay:";
             idempotency_key $http_x_key;
             idempotency_key_max_length 64;
+            idempotency_key_pattern "^[A-Za-z0-9_-]{8,}$";
             idempotency_scope $remote_user;
             idempotency_methods POST PUT PATCH DELETE;
             idempotency_required on;

@@ -167,6 +167,27 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return ngx_http_idempotency_invalid_key(r, ctx, rc, &raw, &key);
     }
 
+#if (NGX_PCRE)
+
+    if (conf->key_pattern) {
+        rc = ngx_regex_exec(conf->key_pattern, &key, NULL, 0);
+
+        if (rc == NGX_REGEX_NO_MATCHED) {
+            return ngx_http_idempotency_invalid_key(r, ctx, NGX_DECLINED,
+                                                    &raw, &key);
+        }
+
+        if (rc < 0) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                          ngx_regex_exec_n " failed: %i on the key, "
+                          "idempotency_key_pattern \"%V\"", rc,
+                          &conf->key_pattern_text);
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+#endif
+
     ctx->claim = ngx_http_idempotency_claim_create(r->pool,
                                                    r->connection->log);
     if (ctx->claim == NULL) {

@@ -97,6 +97,8 @@ typedef struct {
     ngx_str_t                        prefix;
     ngx_http_complex_value_t        *key;        /* NULL: the header */
     size_t                           key_max_length;
+    ngx_regex_t                     *key_pattern;    /* NULL: any key */
+    ngx_str_t                        key_pattern_text;
     ngx_http_complex_value_t        *scope;
     ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
     ngx_array_t                     *encrypt_keys;   /* crypt.c, or NULL */

@@ -605,7 +605,9 @@ ngx_http_idempotency_reject_detail(ngx_http_request_t *r,
 
 /*
  * 400 invalid-key, with the rule the key broke in the detail, so that a
- * client's developer need not guess; the reason is logged, never the key
+ * client's developer need not guess; the reason is logged, never the key.
+ * rc: NGX_ERROR, several header lines; NGX_DECLINED, a key that does not
+ * match idempotency_key_pattern; else what the key's syntax says.
  */
 
 ngx_int_t
@@ -615,18 +617,38 @@ ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
 {
     u_char     *p;
     size_t      max;
-    ngx_str_t   detail;
+    ngx_str_t   detail, *pattern;
 
     max = ctx->conf->key_max_length;
+    pattern = &ctx->conf->key_pattern_text;
 
-    p = ngx_pnalloc(r->pool, 256);
+    /* the pattern is the operator's text: escaped for JSON */
+
+    p = ngx_pnalloc(r->pool, 256 + (rc == NGX_DECLINED
+                                    ? ngx_escape_json(NULL, pattern->data,
+                                                      pattern->len)
+                                      + pattern->len
+                                    : 0));
     if (p == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     detail.data = p;
 
-    if (rc == NGX_ERROR) {
+    if (rc == NGX_DECLINED) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: key rejected: does not match "
+                      "idempotency_key_pattern, %uz bytes", key->len);
+
+        p = ngx_cpymem(p, "The Idempotency-Key does not have the form this "
+                          "API accepts: it must match the pattern ",
+                       sizeof("The Idempotency-Key does not have the form "
+                              "this API accepts: it must match the "
+                              "pattern ") - 1);
+        p = (u_char *) ngx_escape_json(p, pattern->data, pattern->len);
+        *p++ = '.';
+
+    } else if (rc == NGX_ERROR) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: key rejected: several "
                       "Idempotency-Key headers");
