@@ -106,7 +106,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ngx_uint_t                    n;
     const char                   *argv[MAX_ARGS];
     ngx_http_idempotency_op_t     op;
-    ngx_http_idempotency_redis_t  redis;
+    ngx_http_idempotency_target_t redis;
 
     if (size < 1) {
         return 0;
@@ -115,7 +115,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     n = data[0] & 0x7f;
 
     ngx_memzero(&op, sizeof(ngx_http_idempotency_op_t));
-    ngx_memzero(&redis, sizeof(ngx_http_idempotency_redis_t));
+    ngx_memzero(&redis, sizeof(ngx_http_idempotency_target_t));
     op.redis = &redis;
 
     if (data[0] & 0x80) {

@@ -293,7 +293,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ngx_int_t                         rc;
     ngx_uint_t                        flags, mode, nh, nt;
     ngx_str_t                         fields[MAX_FIELDS], body;
-    ngx_str_t                         exp_name[MAX_FIELDS], exp_value[MAX_FIELDS];
+    ngx_str_t                         exp_name[MAX_FIELDS];
+    ngx_str_t                         exp_value[MAX_FIELDS];
     ngx_list_part_t                   parts[MAX_FIELDS], tparts[MAX_FIELDS];
     ngx_table_elt_t                  *h, elts[MAX_FIELDS];
     ngx_http_request_t               *r;

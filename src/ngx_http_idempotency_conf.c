@@ -498,7 +498,7 @@ ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *prev,
     ngx_http_idempotency_loc_conf_t *conf)
 {
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     if (conf->redis_wait == NGX_CONF_UNSET_UINT) {
         conf->redis_wait_aof = prev->redis_wait_aof;

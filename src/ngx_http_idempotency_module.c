@@ -497,7 +497,7 @@ ngx_http_idempotency_create_main_conf(ngx_conf_t *cf)
     }
 
     if (ngx_array_init(&imcf->servers, cf->pool, 2,
-                       sizeof(ngx_http_idempotency_redis_t *))
+                       sizeof(ngx_http_idempotency_target_t *))
         != NGX_OK)
     {
         return NULL;
@@ -799,7 +799,7 @@ static ngx_int_t
 ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                          i;
-    ngx_http_idempotency_redis_t      **rp;
+    ngx_http_idempotency_target_t      **rp;
     ngx_http_idempotency_main_conf_t   *imcf;
 
     imcf = ngx_http_cycle_get_module_main_conf(cycle,
@@ -835,7 +835,7 @@ static void
 ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                          i;
-    ngx_http_idempotency_redis_t      **rp;
+    ngx_http_idempotency_target_t      **rp;
     ngx_http_idempotency_main_conf_t   *imcf;
 
     imcf = ngx_http_cycle_get_module_main_conf(cycle,

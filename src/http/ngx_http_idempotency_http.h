@@ -78,7 +78,7 @@ typedef struct ngx_http_idempotency_ctx_s    ngx_http_idempotency_ctx_t;
 
 typedef struct {
     ngx_array_t                      servers;    /* redis_t * */
-    ngx_http_idempotency_redis_t    *default_server;
+    ngx_http_idempotency_target_t   *default_server;
 
     void                            *metrics;    /* metrics.c */
 
@@ -92,7 +92,7 @@ typedef struct {
 
 typedef struct {
     ngx_flag_t                       enable;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_msec_t                       redis_timeout;
     ngx_str_t                        prefix;
     ngx_http_complex_value_t        *key;        /* NULL: the header */
@@ -165,7 +165,7 @@ typedef struct {
 struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t              *request;
     ngx_http_idempotency_loc_conf_t *conf;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_claim_t    *claim;      /* the store's */
 
     ngx_uint_t                       state;

@@ -215,7 +215,7 @@ ngx_http_idempotency_metrics_init(ngx_conf_t *cf)
     ngx_shm_zone_t                       *shm_zone;
     ngx_http_handler_pt                  *h;
     ngx_http_core_main_conf_t            *cmcf;
-    ngx_http_idempotency_redis_t        **rp;
+    ngx_http_idempotency_target_t        **rp;
     ngx_http_idempotency_main_conf_t     *imcf;
     ngx_http_idempotency_metrics_conf_t  *mcf;
 
@@ -306,7 +306,7 @@ ngx_http_idempotency_metrics_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     ngx_str_t                            *name;
     ngx_uint_t                            i, n, alloc;
     ngx_slab_pool_t                      *shpool;
-    ngx_http_idempotency_redis_t        **rp;
+    ngx_http_idempotency_target_t        **rp;
     ngx_http_idempotency_metrics_conf_t  *mcf;
     u_char                    busy[NGX_HTTP_IDEMPOTENCY_METRICS_SLOTS];
 

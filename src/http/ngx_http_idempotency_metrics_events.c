@@ -26,16 +26,16 @@ static void ngx_http_idempotency_metrics_store_done(
 static void ngx_http_idempotency_metrics_store(ngx_uint_t zone,
     ngx_uint_t result);
 static void ngx_http_idempotency_metrics_redis_up(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_metrics_claim_refused(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_metrics_redis_down(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static ngx_http_idempotency_metrics_slot_t *
-    ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_metrics_server(ngx_http_idempotency_target_t *redis,
     u_char **seen);
 static void *ngx_http_idempotency_metrics_master_add(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+    ngx_http_idempotency_target_t *redis, ngx_str_t *name);
 static void ngx_http_idempotency_metrics_master_del(void *entry);
 static void ngx_http_idempotency_metrics_master_up(void *entry, ngx_uint_t up);
 static uint64_t ngx_http_idempotency_metrics_usec(void);
@@ -258,7 +258,7 @@ ngx_http_idempotency_metrics_store(ngx_uint_t zone, ngx_uint_t result)
 /* when the connection is ready for commands */
 
 static void
-ngx_http_idempotency_metrics_redis_up(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_metrics_redis_up(ngx_http_idempotency_target_t *redis)
 {
     u_char                               *seen;
     ngx_http_idempotency_metrics_slot_t  *s;
@@ -287,7 +287,7 @@ ngx_http_idempotency_metrics_redis_up(ngx_http_idempotency_redis_t *redis)
  */
 
 static void
-ngx_http_idempotency_metrics_claim_refused(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_metrics_claim_refused(ngx_http_idempotency_target_t *redis)
 {
     u_char                               *seen;
     ngx_http_idempotency_metrics_slot_t  *s;
@@ -307,7 +307,7 @@ ngx_http_idempotency_metrics_claim_refused(ngx_http_idempotency_redis_t *redis)
  */
 
 static void
-ngx_http_idempotency_metrics_redis_down(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_metrics_redis_down(ngx_http_idempotency_target_t *redis)
 {
     u_char                               *seen;
     ngx_http_idempotency_metrics_slot_t  *s;
@@ -325,11 +325,11 @@ ngx_http_idempotency_metrics_redis_down(ngx_http_idempotency_redis_t *redis)
 
 
 static ngx_http_idempotency_metrics_slot_t *
-ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_metrics_server(ngx_http_idempotency_target_t *redis,
     u_char **seen)
 {
     ngx_uint_t                            i, n;
-    ngx_http_idempotency_redis_t        **rp;
+    ngx_http_idempotency_target_t        **rp;
     ngx_http_idempotency_metrics_conf_t  *mcf;
 
     mcf = ngx_http_idempotency_metrics_get_conf();
@@ -358,7 +358,7 @@ ngx_http_idempotency_metrics_server(ngx_http_idempotency_redis_t *redis,
  */
 
 static void *
-ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_metrics_master_add(ngx_http_idempotency_target_t *redis,
     ngx_str_t *name)
 {
     uint32_t                                target;

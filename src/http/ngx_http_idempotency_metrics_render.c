@@ -117,7 +117,7 @@ ngx_http_idempotency_metrics_size(ngx_http_idempotency_metrics_conf_t *mcf,
     size_t                           size;
     ngx_str_t                       *name;
     ngx_uint_t                       i;
-    ngx_http_idempotency_redis_t   **rp;
+    ngx_http_idempotency_target_t   **rp;
 
     size = 4096 + (NGX_HTTP_IDEMPOTENCY_METRICS_BUCKETS + 4)
                   * NGX_HTTP_IDEMPOTENCY_METRICS_LINE;
@@ -235,7 +235,7 @@ ngx_http_idempotency_metrics_render_redis(u_char *p, u_char *end,
     ngx_http_idempotency_main_conf_t *imcf)
 {
     ngx_uint_t                            i, j, k, n;
-    ngx_http_idempotency_redis_t        **rp;
+    ngx_http_idempotency_target_t        **rp;
     ngx_http_idempotency_metrics_shm_t   *sh;
     ngx_http_idempotency_metrics_slot_t  *s;
 

@@ -27,9 +27,9 @@ static ngx_int_t ngx_http_idempotency_cluster_command(
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
 static void ngx_http_idempotency_cluster_load_script(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static ngx_int_t ngx_http_idempotency_cluster_walk(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
+    ngx_http_idempotency_target_t *redis, ngx_uint_t *at,
     ngx_http_idempotency_node_t **node);
 static void ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_cluster_reply(
@@ -145,7 +145,7 @@ ngx_http_idempotency_cluster_command(ngx_http_idempotency_op_t *op,
 {
     ngx_int_t                        rc;
     ngx_uint_t                       idx;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = op->redis;
@@ -328,7 +328,7 @@ ngx_http_idempotency_cluster_reply(ngx_http_idempotency_node_t *node,
 {
     u_char                          *p;
     ngx_uint_t                       ask;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = node->redis;
@@ -406,7 +406,7 @@ ngx_http_idempotency_cluster_redirect(ngx_http_idempotency_node_t *node,
     u_char                          *last, *host, *colon;
     ngx_int_t                        slot, port;
     ngx_http_idempotency_cnode_t    *cn;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = node->redis;
@@ -570,7 +570,7 @@ static ngx_int_t
 ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op)
 {
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = node->redis;
@@ -630,7 +630,7 @@ ngx_http_idempotency_cluster_up(ngx_http_idempotency_node_t *node)
 
 
 static void
-ngx_http_idempotency_cluster_load_script(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_cluster_load_script(ngx_http_idempotency_target_t *redis)
 {
     ngx_uint_t                       i;
     ngx_http_idempotency_cluster_t  *cl;
@@ -652,7 +652,7 @@ ngx_http_idempotency_cluster_load_script(ngx_http_idempotency_redis_t *redis)
 /* subscribe.c: the master of a slot per the map; NULL: not known, asked for */
 
 ngx_http_idempotency_node_t *
-ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_cluster_master(ngx_http_idempotency_target_t *redis,
     ngx_uint_t slot)
 {
     ngx_uint_t                       idx;
@@ -684,7 +684,7 @@ ngx_http_idempotency_cluster_master(ngx_http_idempotency_redis_t *redis,
  */
 
 static ngx_int_t
-ngx_http_idempotency_cluster_walk(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_cluster_walk(ngx_http_idempotency_target_t *redis,
     ngx_uint_t *at, ngx_http_idempotency_node_t **node)
 {
     u_char                           seen[NGX_HTTP_IDEMPOTENCY_MAX_NODES];

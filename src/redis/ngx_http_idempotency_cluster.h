@@ -33,7 +33,7 @@ struct ngx_http_idempotency_cnode_s {
 
 
 struct ngx_http_idempotency_cluster_s {
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cnode_t   **nodes;
     ngx_uint_t                       nnodes;
     ngx_uint_t                       next;       /* asked for the map next */

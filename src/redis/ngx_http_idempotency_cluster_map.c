@@ -58,7 +58,7 @@ static ngx_str_t  ngx_http_idempotency_cluster_slots_cmd =
 
 ngx_int_t
 ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n)
+    ngx_http_idempotency_target_t *redis, ngx_str_t *addrs, ngx_uint_t n)
 {
     ngx_url_t                     u;
     ngx_uint_t                    i;
@@ -116,7 +116,7 @@ ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
 
 ngx_int_t
 ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout)
 {
     ngx_uint_t                    i;
@@ -152,7 +152,7 @@ ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
 
 ngx_int_t
 ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     ngx_uint_t                       i;
     ngx_addr_t                      *seeds;
@@ -223,7 +223,7 @@ ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
 
 
 void
-ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_cluster_exit(ngx_http_idempotency_target_t *redis)
 {
     ngx_uint_t                       i;
     ngx_http_idempotency_op_t       *op;
@@ -289,7 +289,7 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
     ngx_uint_t                       i;
     ngx_addr_t                      *addr;
     ngx_http_idempotency_cnode_t    *cn;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
 
     redis = cl->redis;
 
@@ -361,7 +361,7 @@ ngx_http_idempotency_cluster_named(ngx_http_idempotency_cluster_t *cl,
     ngx_uint_t                      i;
     ngx_http_idempotency_node_t    *node;
     ngx_http_idempotency_cnode_t   *cn;
-    ngx_http_idempotency_redis_t   *redis;
+    ngx_http_idempotency_target_t  *redis;
 
     redis = cl->redis;
 
@@ -419,7 +419,7 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
     ngx_http_idempotency_cnode_t *cn)
 {
     ngx_http_idempotency_cnode_t  **nodes;
-    ngx_http_idempotency_redis_t   *redis;
+    ngx_http_idempotency_target_t  *redis;
 
     redis = cl->redis;
 
@@ -715,7 +715,7 @@ ngx_http_idempotency_cluster_slots_done(ngx_http_idempotency_op_t *op,
     redisReply                      *range, *master;
     ngx_http_idempotency_node_t     *node;
     ngx_http_idempotency_cnode_t    *cn;
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_http_idempotency_cluster_t  *cl;
 
     redis = op->redis;

@@ -38,7 +38,7 @@ static void ngx_http_idempotency_conn_log(ngx_log_t *log, ngx_uint_t level,
 
 ngx_int_t
 ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout)
 {
     ngx_url_t  u;
@@ -139,7 +139,7 @@ ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
 ngx_int_t
 ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node)
 {
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -201,7 +201,7 @@ ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node)
 {
     ngx_str_t                     *host;
     ngx_resolver_ctx_t            *ctx;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -248,7 +248,7 @@ ngx_http_idempotency_conn_resolved(ngx_resolver_ctx_t *ctx)
     ngx_uint_t                     i, n;
     ngx_addr_t                    *addrs;
     struct sockaddr               *sa;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
     node->resolving = NULL;
@@ -333,7 +333,7 @@ ngx_http_idempotency_conn_connect(ngx_http_idempotency_node_t *node)
     ngx_addr_t                    *addr;
     ngx_connection_t              *c;
     ngx_peer_connection_t         *pc;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -682,7 +682,7 @@ ngx_http_idempotency_conn_read(ngx_event_t *rev)
     ngx_int_t                      rc;
     ngx_connection_t              *c = rev->data;
     ngx_http_idempotency_node_t   *node = c->data;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -758,7 +758,7 @@ void
 ngx_http_idempotency_conn_fail(ngx_http_idempotency_node_t *node,
     ngx_err_t err, const char *what)
 {
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 

@@ -69,7 +69,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_node_t *node)
                                         + NGX_INT64_LEN];
     size_t                         argvlen[3];
     const char                    *argv[3];
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -187,7 +187,7 @@ ngx_http_idempotency_info_done(ngx_http_idempotency_op_t *op,
     u_char                        *p, *last;
     ngx_str_t                      v;
     ngx_uint_t                     i, n, part, version, valkey, forbidden;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = op->redis;
 
@@ -368,7 +368,7 @@ ngx_http_idempotency_handshake_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_http_idempotency_node_t   *node;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = op->redis;
     node = op->node;
@@ -412,7 +412,7 @@ ngx_http_idempotency_setname_done(ngx_http_idempotency_op_t *op,
     redisReply *reply)
 {
     ngx_http_idempotency_node_t   *node;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = op->redis;
     node = op->node;
@@ -464,7 +464,7 @@ ngx_http_idempotency_script_done(ngx_http_idempotency_op_t *op,
 {
     ngx_uint_t                     forbidden;
     ngx_http_idempotency_node_t   *node;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = op->redis;
     node = op->node;

@@ -16,7 +16,7 @@
 
 
 static void ngx_http_idempotency_redis_unsolicited(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply);
+    ngx_http_idempotency_target_t *redis, redisReply *reply);
 static void ngx_http_idempotency_connect_timeout(ngx_event_t *ev);
 static void ngx_http_idempotency_reconnect(ngx_event_t *ev);
 static void ngx_http_idempotency_reset_handler(ngx_event_t *ev);
@@ -37,7 +37,7 @@ size_t  ngx_http_idempotency_op_size = sizeof(ngx_http_idempotency_op_t);
 
 void
 ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis, ngx_log_t *log,
+    ngx_http_idempotency_target_t *redis, ngx_log_t *log,
     ngx_http_idempotency_node_owner_t *owner)
 {
     node->redis = redis;
@@ -133,7 +133,7 @@ ngx_http_idempotency_node_schedule(ngx_http_idempotency_node_t *node)
 
 
 ngx_http_idempotency_op_t *
-ngx_http_idempotency_op_alloc(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_op_alloc(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_op_t  *op;
 
@@ -529,7 +529,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
 /* a stalled connection is torn down outside of any reply handler */
 
 void
-ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_reset(ngx_http_idempotency_target_t *redis)
 {
     /* a cluster's nodes have their own watchdogs */
 
@@ -596,7 +596,7 @@ ngx_http_idempotency_watchdog(ngx_event_t *ev)
 
 
 static void
-ngx_http_idempotency_redis_unsolicited(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_redis_unsolicited(ngx_http_idempotency_target_t *redis,
     redisReply *reply)
 {
     size_t   len;

@@ -55,7 +55,7 @@
      && ngx_strncmp((reply)->str, "" s, sizeof(s) - 1) == 0)
 
 typedef struct ngx_http_idempotency_op_s     ngx_http_idempotency_op_t;
-typedef struct ngx_http_idempotency_redis_s  ngx_http_idempotency_redis_t;
+typedef struct ngx_http_idempotency_target_s  ngx_http_idempotency_target_t;
 typedef struct ngx_http_idempotency_sentinel_s
     ngx_http_idempotency_sentinel_t;
 typedef struct ngx_http_idempotency_node_s   ngx_http_idempotency_node_t;
@@ -115,23 +115,24 @@ typedef struct {
 typedef struct {
     /* at configuration, where the target is used: how to find it */
     ngx_int_t                      (*conf)(ngx_conf_t *cf,
-                                       ngx_http_idempotency_redis_t *redis,
+                                       ngx_http_idempotency_target_t *redis,
                                        ngx_resolver_t *resolver,
                                        ngx_msec_t resolver_timeout);
-    void                           (*tls)(ngx_http_idempotency_redis_t *redis);
+    void                           (*tls)(ngx_http_idempotency_target_t *redis);
     ngx_str_t                     *(*tls_name)(
                                        ngx_http_idempotency_node_t *node,
                                        ngx_uint_t *ip);
 
     /* in a worker */
     ngx_int_t                      (*init)(ngx_cycle_t *cycle,
-                                       ngx_http_idempotency_redis_t *redis);
-    void                           (*exit)(ngx_http_idempotency_redis_t *redis);
+                                       ngx_http_idempotency_target_t *redis);
+    void                           (*exit)(
+                                       ngx_http_idempotency_target_t *redis);
     ngx_int_t                      (*command)(ngx_http_idempotency_op_t *op,
                                        int argc, const char **argv,
                                        const size_t *argvlen);
     void                           (*load_script)(
-                                       ngx_http_idempotency_redis_t *redis);
+                                       ngx_http_idempotency_target_t *redis);
 
     /*
      * a walk of every key (SCAN is per server): the first master at or
@@ -139,7 +140,7 @@ typedef struct {
      * one node at 0.  NGX_DONE: none left; NGX_AGAIN: not known yet.
      */
     ngx_int_t                      (*master)(
-                                       ngx_http_idempotency_redis_t *redis,
+                                       ngx_http_idempotency_target_t *redis,
                                        ngx_uint_t *at,
                                        ngx_http_idempotency_node_t **node);
 
@@ -176,7 +177,7 @@ typedef struct {
  * shard master, each with its own FIFO of sent commands.
  */
 struct ngx_http_idempotency_node_s {
-    ngx_http_idempotency_redis_t    *redis;      /* the backend it serves */
+    ngx_http_idempotency_target_t   *redis;      /* the backend it serves */
     ngx_log_t                        log;        /* keeps the reason */
     ngx_peer_connection_t            peer;
     ngx_connection_t                *conn;       /* NULL: none */
@@ -255,7 +256,7 @@ struct ngx_http_idempotency_node_s {
 
 
 /* one Redis target; the runtime part is per worker (after fork) */
-struct ngx_http_idempotency_redis_s {
+struct ngx_http_idempotency_target_s {
     ngx_str_t                        name;       /* for logs */
     ngx_str_t                        host;       /* to resolve, or empty */
     ngx_addr_t                      *addrs;      /* resolved when parsed */
@@ -292,7 +293,7 @@ struct ngx_http_idempotency_redis_s {
     void                            *cluster;    /* per worker */
     ngx_http_idempotency_subscriber_t  *subscriber;  /* per worker */
     void                           (*exit_handler)(
-                                       ngx_http_idempotency_redis_t *redis);
+                                       ngx_http_idempotency_target_t *redis);
 
     ngx_log_t                       *log;
 
@@ -332,7 +333,7 @@ typedef void (*ngx_http_idempotency_reply_pt)(ngx_http_idempotency_op_t *op,
 /* hiredis privdata: lives outside r->pool so late replies are harmless */
 struct ngx_http_idempotency_op_s {
     ngx_http_idempotency_op_t       *next;       /* free list */
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     void                            *data;       /* the sender's; NULL:
                                                     nobody waits */
     ngx_http_idempotency_reply_pt    handler;
@@ -437,10 +438,10 @@ struct ngx_http_idempotency_shard_s {
  * listens.  A cluster master's entry is whatever master_add() returned.
  */
 typedef struct {
-    void                          (*up)(ngx_http_idempotency_redis_t *redis);
-    void                          (*down)(ngx_http_idempotency_redis_t *redis);
+    void                          (*up)(ngx_http_idempotency_target_t *redis);
+    void                          (*down)(ngx_http_idempotency_target_t *redis);
     void                         *(*master_add)(
-                                      ngx_http_idempotency_redis_t *redis,
+                                      ngx_http_idempotency_target_t *redis,
                                       ngx_str_t *name);
     void                          (*master_del)(void *entry);
     void                          (*master_up)(void *entry, ngx_uint_t up);
@@ -467,37 +468,37 @@ extern ngx_http_idempotency_topology_t  ngx_http_idempotency_cluster_topology;
 
 /* target.c: a target in a worker, the standalone topology */
 ngx_int_t ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
+void ngx_http_idempotency_redis_exit(ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_standalone_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_standalone_command(
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
 ngx_http_idempotency_node_t *ngx_http_idempotency_redis_node(
-    ngx_cycle_t *cycle, ngx_http_idempotency_redis_t *redis);
+    ngx_cycle_t *cycle, ngx_http_idempotency_target_t *redis);
 void ngx_http_idempotency_target_up(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_target_closed(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_redis_node_exit(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 void ngx_http_idempotency_redis_node_load_script(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_redis_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
 ngx_int_t ngx_http_idempotency_redis_command_kept(
     ngx_http_idempotency_op_t *op);
 void ngx_http_idempotency_redis_load_script(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_redis_master(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *at,
+    ngx_http_idempotency_target_t *redis, ngx_uint_t *at,
     ngx_http_idempotency_node_t **node);
 
 /* node.c: a node's ops, FIFO, timers and reconnect */
 ngx_http_idempotency_op_t *ngx_http_idempotency_op_alloc(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 void ngx_http_idempotency_op_free(ngx_http_idempotency_op_t *op);
 void ngx_http_idempotency_ops_done(void);
-void ngx_http_idempotency_redis_reset(ngx_http_idempotency_redis_t *redis);
+void ngx_http_idempotency_redis_reset(ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_node_reply(ngx_http_idempotency_node_t *node,
     redisReply *reply);
 void ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node);
@@ -505,7 +506,7 @@ ngx_int_t ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     ngx_http_idempotency_op_t *op, int argc, const char **argv,
     const size_t *argvlen);
 void ngx_http_idempotency_node_init(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis, ngx_log_t *log,
+    ngx_http_idempotency_target_t *redis, ngx_log_t *log,
     ngx_http_idempotency_node_owner_t *owner);
 void ngx_http_idempotency_node_schedule(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_redis_connect(ngx_http_idempotency_node_t *node);
@@ -537,14 +538,14 @@ ngx_int_t ngx_http_idempotency_resp_keep(ngx_http_idempotency_op_t *op,
     u_char *data, size_t len);
 
 /* target_conf.c: "idempotency_redis ..." into a target */
-ngx_http_idempotency_redis_t *ngx_http_idempotency_target_conf(ngx_conf_t *cf,
+ngx_http_idempotency_target_t *ngx_http_idempotency_target_conf(ngx_conf_t *cf,
     ngx_array_t *servers, ngx_uint_t can_tls);
-ngx_http_idempotency_redis_t *ngx_http_idempotency_target_add(ngx_conf_t *cf,
+ngx_http_idempotency_target_t *ngx_http_idempotency_target_add(ngx_conf_t *cf,
     ngx_array_t *servers, ngx_str_t *addr, ngx_uint_t db, ngx_str_t *user,
     ngx_str_t *password, ngx_uint_t tls);
 
 /* sentinel.c: the master of a Redis Sentinel setup */
-ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
+ngx_http_idempotency_target_t *ngx_http_idempotency_sentinel_conf(
     ngx_conf_t *cf, ngx_str_t *args, ngx_uint_t naddrs, ngx_uint_t nargs,
     ngx_uint_t db, ngx_str_t *user, ngx_str_t *password, ngx_uint_t tls,
     ngx_array_t *servers);
@@ -554,13 +555,13 @@ ngx_http_idempotency_redis_t *ngx_http_idempotency_sentinel_conf(
  * "idempotency_redis ... cluster" (cluster.h has its types)
  */
 ngx_int_t ngx_http_idempotency_cluster_conf(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *addrs, ngx_uint_t n);
+    ngx_http_idempotency_target_t *redis, ngx_str_t *addrs, ngx_uint_t n);
 ngx_int_t ngx_http_idempotency_cluster_conf_seeds(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
 ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
-void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
+void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_target_t *redis);
 ngx_http_idempotency_cnode_t *ngx_http_idempotency_cluster_node_at(
     ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
     ngx_int_t port, ngx_http_idempotency_node_t *from);
@@ -576,7 +577,7 @@ ngx_int_t ngx_http_idempotency_cluster_send(ngx_http_idempotency_node_t *node,
 void ngx_http_idempotency_cluster_done(ngx_http_idempotency_op_t *op);
 void ngx_http_idempotency_cluster_retry_handler(ngx_event_t *ev);
 ngx_http_idempotency_node_t *ngx_http_idempotency_cluster_master(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t slot);
+    ngx_http_idempotency_target_t *redis, ngx_uint_t slot);
 void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
     u_char *p, size_t len);
 
@@ -584,7 +585,7 @@ void ngx_http_idempotency_cluster_moved(ngx_http_idempotency_node_t *from,
 ngx_int_t ngx_http_idempotency_conf_addrs(ngx_conf_t *cf, ngx_str_t *addr,
     in_port_t port, const char *what, ngx_array_t *addrs);
 ngx_int_t ngx_http_idempotency_conn_conf(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
 ngx_int_t ngx_http_idempotency_conn_open(ngx_http_idempotency_node_t *node);
 void ngx_http_idempotency_conn_start(ngx_http_idempotency_node_t *node);
@@ -602,14 +603,14 @@ void ngx_http_idempotency_conn_free(ngx_http_idempotency_node_t *node);
 
 /* subscribe.c: sharded Pub/Sub */
 ngx_http_idempotency_subscriber_t *ngx_http_idempotency_subscriber_create(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_http_idempotency_channel_t *ngx_http_idempotency_subscriber_channel(
     ngx_http_idempotency_subscriber_t *n, ngx_str_t *name, ngx_uint_t create);
 void ngx_http_idempotency_subscribe(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_unsubscribe(ngx_http_idempotency_channel_t *ch);
 void ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_subscriber_addr(
     ngx_http_idempotency_node_t *node, ngx_addr_t *m);
 void ngx_http_idempotency_subscriber_dirty(
@@ -637,7 +638,7 @@ void ngx_http_idempotency_input_reset(ngx_http_idempotency_node_t *node);
 
 /* tls.c */
 char *ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc);
+    ngx_http_idempotency_target_t *redis, ngx_http_idempotency_tls_conf_t *tc);
 ngx_uint_t ngx_http_idempotency_is_ip(ngx_str_t *host);
 #if (NGX_SSL)
 void ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node);

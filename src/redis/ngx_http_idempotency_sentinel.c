@@ -23,13 +23,13 @@
 
 
 static void ngx_http_idempotency_sentinel_tls(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static ngx_str_t *ngx_http_idempotency_sentinel_tls_name(
     ngx_http_idempotency_node_t *node, ngx_uint_t *ip);
 static ngx_int_t ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_sentinel_exit(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static ngx_int_t ngx_http_idempotency_sentinel_handshake(
     ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_sentinel_reply(
@@ -37,12 +37,12 @@ static ngx_int_t ngx_http_idempotency_sentinel_reply(
 static void ngx_http_idempotency_sentinel_closed(
     ngx_http_idempotency_node_t *node);
 static ngx_int_t ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout);
 static ngx_int_t ngx_http_idempotency_sentinel_master_init(
-    ngx_cycle_t *cycle, ngx_http_idempotency_redis_t *redis);
+    ngx_cycle_t *cycle, ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_sentinel_master_exit(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_sentinel_timer(
     ngx_http_idempotency_sentinel_t *s, ngx_event_t *ev,
     ngx_event_handler_pt handler, ngx_log_t *log);
@@ -79,10 +79,10 @@ static ngx_int_t ngx_http_idempotency_sentinel_send(
  */
 
 static void
-ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_sentinel_tls(ngx_http_idempotency_target_t *redis)
 {
 #if (NGX_SSL)
-    ngx_http_idempotency_redis_t  *sentinels;
+    ngx_http_idempotency_target_t *sentinels;
 
     sentinels = redis->sentinel->sentinels;
 
@@ -139,7 +139,7 @@ ngx_http_idempotency_sentinel_tls_name(ngx_http_idempotency_node_t *node,
 
 static ngx_int_t
 ngx_http_idempotency_sentinel_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_sentinel_t  *s;
 
@@ -191,7 +191,7 @@ ngx_http_idempotency_sentinel_timer(ngx_http_idempotency_sentinel_t *s,
 
 
 static void
-ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_sentinel_exit(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_sentinel_t  *s;
 
@@ -636,7 +636,7 @@ ngx_http_idempotency_sentinel_set_named(ngx_http_idempotency_sentinel_t *s,
     u_char *host, size_t len, ngx_int_t port)
 {
     ngx_http_idempotency_node_t   *node;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = s->redis;
     node = redis->node;
@@ -824,7 +824,7 @@ ngx_http_idempotency_sentinel_refresh(ngx_event_t *ev)
 
 static ngx_int_t
 ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_resolver_t *resolver,
+    ngx_http_idempotency_target_t *redis, ngx_resolver_t *resolver,
     ngx_msec_t resolver_timeout)
 {
     if (redis->resolver == NULL && resolver) {
@@ -838,7 +838,7 @@ ngx_http_idempotency_sentinel_resolver(ngx_conf_t *cf,
 
 static ngx_int_t
 ngx_http_idempotency_sentinel_master_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     if (ngx_http_idempotency_redis_node(cycle, redis) == NULL) {
         return NGX_ERROR;
@@ -849,7 +849,7 @@ ngx_http_idempotency_sentinel_master_init(ngx_cycle_t *cycle,
 
 
 static void
-ngx_http_idempotency_sentinel_master_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_sentinel_master_exit(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_sentinel_exit(redis);
     ngx_http_idempotency_redis_node_exit(redis);

@@ -18,8 +18,8 @@
 
 
 struct ngx_http_idempotency_sentinel_s {
-    ngx_http_idempotency_redis_t    *redis;      /* the master's target */
-    ngx_http_idempotency_redis_t    *sentinels;  /* the Sentinel connection */
+    ngx_http_idempotency_target_t   *redis;      /* the master's target */
+    ngx_http_idempotency_target_t   *sentinels;  /* the Sentinel connection */
     ngx_str_t                        master;     /* its name */
     ngx_str_t                        args;       /* for sharing a target */
     ngx_str_t                       *hosts;      /* of each Sentinel addr */

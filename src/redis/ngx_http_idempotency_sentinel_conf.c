@@ -26,7 +26,7 @@ static ngx_int_t ngx_http_idempotency_sentinel_host(ngx_pool_t *pool,
  * user, password and tls, parsed by target_conf.c, are the master's
  */
 
-ngx_http_idempotency_redis_t *
+ngx_http_idempotency_target_t *
 ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     ngx_uint_t naddrs, ngx_uint_t nargs, ngx_uint_t db, ngx_str_t *user,
     ngx_str_t *password, ngx_uint_t tls, ngx_array_t *servers)
@@ -36,7 +36,7 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
     ngx_str_t                           master, suser, spassword;
     ngx_uint_t                          i;
     ngx_array_t                         addrs, hosts;
-    ngx_http_idempotency_redis_t       *redis, *sentinels, **rp;
+    ngx_http_idempotency_target_t      *redis, *sentinels, **rp;
     ngx_http_idempotency_sentinel_t    *s;
 
     ngx_str_null(&master);
@@ -117,8 +117,8 @@ ngx_http_idempotency_sentinel_conf(ngx_conf_t *cf, ngx_str_t *args,
         return NULL;
     }
 
-    redis = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_redis_t));
-    sentinels = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_redis_t));
+    redis = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_target_t));
+    sentinels = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_target_t));
     if (redis == NULL || sentinels == NULL) {
         return NULL;
     }

@@ -36,7 +36,7 @@ static void ngx_http_idempotency_subscriber_up(
 static void ngx_http_idempotency_subscriber_closed(
     ngx_http_idempotency_node_t *node);
 static void ngx_http_idempotency_subscriber_exit(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static ngx_uint_t ngx_http_idempotency_subscriber_is(redisReply *r,
     const char *s);
 
@@ -65,7 +65,7 @@ static ngx_http_idempotency_node_owner_t
  */
 
 ngx_http_idempotency_subscriber_t *
-ngx_http_idempotency_subscriber_create(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_subscriber_create(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_subscriber_t  *n;
 
@@ -97,7 +97,7 @@ ngx_http_idempotency_subscriber_create(ngx_http_idempotency_redis_t *redis)
 
 void
 ngx_http_idempotency_subscriber_node(ngx_http_idempotency_node_t *node,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_node_init(node, redis, redis->log,
                                    &ngx_http_idempotency_subscriber_owner);
@@ -120,7 +120,7 @@ ngx_http_idempotency_subscriber_reconnect(ngx_event_t *ev)
     ngx_http_idempotency_node_t *node = ev->data;
 
     ngx_addr_t                         *m;
-    ngx_http_idempotency_redis_t       *redis;
+    ngx_http_idempotency_target_t      *redis;
     ngx_http_idempotency_subscriber_t  *n;
 
     redis = node->redis;
@@ -276,7 +276,7 @@ ngx_http_idempotency_subscribe(ngx_http_idempotency_channel_t *ch)
 void
 ngx_http_idempotency_subscribe_again(ngx_http_idempotency_channel_t *ch)
 {
-    ngx_http_idempotency_redis_t       *redis;
+    ngx_http_idempotency_target_t      *redis;
     ngx_http_idempotency_subscriber_t  *n;
 
     n = ch->subscriber;
@@ -671,7 +671,7 @@ done:
 /* worker exit: the subscriber connections and the channels */
 
 static void
-ngx_http_idempotency_subscriber_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_subscriber_exit(ngx_http_idempotency_target_t *redis)
 {
     ngx_rbtree_node_t                  *rn;
     ngx_http_idempotency_node_t        *node;

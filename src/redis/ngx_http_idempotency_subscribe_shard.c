@@ -115,7 +115,7 @@ ngx_http_idempotency_subscriber_shard(ngx_http_idempotency_subscriber_t *n,
 {
     ngx_addr_t                    *m;
     ngx_http_idempotency_node_t   *sub, *master;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
     ngx_http_idempotency_shard_t  *s;
 
     redis = n->node.redis;

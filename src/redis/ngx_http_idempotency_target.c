@@ -17,9 +17,9 @@
 
 
 static void ngx_http_idempotency_no_event(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void *ngx_http_idempotency_no_master_add(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *name);
+    ngx_http_idempotency_target_t *redis, ngx_str_t *name);
 static void ngx_http_idempotency_no_master_del(void *entry);
 static void ngx_http_idempotency_no_master_up(void *entry, ngx_uint_t up);
 
@@ -65,7 +65,7 @@ ngx_http_idempotency_topology_t  ngx_http_idempotency_standalone_topology = {
 
 ngx_int_t
 ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     redis->log = cycle->log;
 
@@ -85,7 +85,7 @@ ngx_http_idempotency_redis_init(ngx_cycle_t *cycle,
 
 ngx_int_t
 ngx_http_idempotency_standalone_init(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_node_t  *node;
 
@@ -102,7 +102,7 @@ ngx_http_idempotency_standalone_init(ngx_cycle_t *cycle,
 
 ngx_http_idempotency_node_t *
 ngx_http_idempotency_redis_node(ngx_cycle_t *cycle,
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_node_t  *node;
 
@@ -129,7 +129,7 @@ ngx_http_idempotency_redis_node(ngx_cycle_t *cycle,
 void
 ngx_http_idempotency_target_up(ngx_http_idempotency_node_t *node)
 {
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -169,7 +169,7 @@ ngx_http_idempotency_target_closed(ngx_http_idempotency_node_t *node)
 
 
 void
-ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_exit(ngx_http_idempotency_target_t *redis)
 {
     redis->exiting = 1;
 
@@ -182,7 +182,7 @@ ngx_http_idempotency_redis_exit(ngx_http_idempotency_redis_t *redis)
 
 
 void
-ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_node_t  *node;
 
@@ -213,7 +213,7 @@ ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_redis_t *redis)
 /* also after a NOSCRIPT: SCRIPT FLUSH, or a failover to another node */
 
 void
-ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_redis_load_script(ngx_http_idempotency_target_t *redis)
 {
     redis->topology->load_script(redis);
 }
@@ -221,7 +221,7 @@ ngx_http_idempotency_redis_load_script(ngx_http_idempotency_redis_t *redis)
 
 void
 ngx_http_idempotency_redis_node_load_script(
-    ngx_http_idempotency_redis_t *redis)
+    ngx_http_idempotency_target_t *redis)
 {
     if (redis->node) {
         ngx_http_idempotency_node_load_script(redis->node);
@@ -235,7 +235,7 @@ ngx_http_idempotency_redis_node_load_script(
  */
 
 ngx_int_t
-ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_redis_master(ngx_http_idempotency_target_t *redis,
     ngx_uint_t *at, ngx_http_idempotency_node_t **node)
 {
     if (redis->topology->master) {
@@ -300,13 +300,13 @@ ngx_http_idempotency_standalone_command(ngx_http_idempotency_op_t *op,
 
 
 static void
-ngx_http_idempotency_no_event(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_no_event(ngx_http_idempotency_target_t *redis)
 {
 }
 
 
 static void *
-ngx_http_idempotency_no_master_add(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_no_master_add(ngx_http_idempotency_target_t *redis,
     ngx_str_t *name)
 {
     return NULL;

@@ -42,13 +42,13 @@ static ngx_int_t ngx_http_idempotency_target_args(ngx_conf_t *cf,
  * was built with TLS for http.
  */
 
-ngx_http_idempotency_redis_t *
+ngx_http_idempotency_target_t *
 ngx_http_idempotency_target_conf(ngx_conf_t *cf, ngx_array_t *servers,
     ngx_uint_t can_tls)
 {
     ngx_str_t                           *value;
     ngx_uint_t                           nservers;
-    ngx_http_idempotency_redis_t        *redis;
+    ngx_http_idempotency_target_t       *redis;
     ngx_http_idempotency_target_args_t   ta;
 
     if (ngx_http_idempotency_target_args(cf, can_tls, &ta) != NGX_OK) {
@@ -233,7 +233,7 @@ invalid:
 
 /* servers with the same address and credentials share one connection */
 
-ngx_http_idempotency_redis_t *
+ngx_http_idempotency_target_t *
 ngx_http_idempotency_target_add(ngx_conf_t *cf, ngx_array_t *servers,
     ngx_str_t *addr, ngx_uint_t db, ngx_str_t *user, ngx_str_t *password,
     ngx_uint_t tls)
@@ -241,7 +241,7 @@ ngx_http_idempotency_target_add(ngx_conf_t *cf, ngx_array_t *servers,
     ngx_url_t                      u;
     ngx_str_t                      empty = ngx_null_string;
     ngx_uint_t                     i;
-    ngx_http_idempotency_redis_t  *redis, **rp;
+    ngx_http_idempotency_target_t *redis, **rp;
 
     if (user == NULL) {
         user = &empty;
@@ -266,7 +266,7 @@ ngx_http_idempotency_target_add(ngx_conf_t *cf, ngx_array_t *servers,
         }
     }
 
-    redis = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_redis_t));
+    redis = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_target_t));
     if (redis == NULL) {
         return NULL;
     }

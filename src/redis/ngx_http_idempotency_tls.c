@@ -54,7 +54,7 @@ ngx_http_idempotency_is_ip(ngx_str_t *host)
 
 char *
 ngx_http_idempotency_tls_merge(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_tls_conf_t *tc)
+    ngx_http_idempotency_target_t *redis, ngx_http_idempotency_tls_conf_t *tc)
 {
 #if (NGX_SSL)
     ngx_str_t                     *name, host;
@@ -229,7 +229,7 @@ ngx_http_idempotency_tls_start(ngx_http_idempotency_node_t *node)
     ngx_str_t                     *name;
     ngx_uint_t                     ip;
     ngx_connection_t              *c;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     c = node->conn;
     redis = node->redis;
@@ -278,7 +278,7 @@ ngx_http_idempotency_tls_done(ngx_connection_t *c)
     ngx_uint_t                     ip;
     ngx_ssl_session_t             *session;
     ngx_http_idempotency_node_t   *node = c->data;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 
@@ -345,7 +345,7 @@ ngx_http_idempotency_tls_name(ngx_http_idempotency_node_t *node,
     ngx_uint_t *ip)
 {
     ngx_str_t                     *name;
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = node->redis;
 

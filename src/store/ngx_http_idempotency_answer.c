@@ -14,7 +14,7 @@
 
 
 static ngx_int_t ngx_http_idempotency_claim_result(
-    ngx_http_idempotency_redis_t *redis, ngx_uint_t *mode, redisReply *reply,
+    ngx_http_idempotency_target_t *redis, ngx_uint_t *mode, redisReply *reply,
     u_char *claim, ngx_log_t *log);
 static u_char *ngx_http_idempotency_answer_keep(redisReply *reply,
     ngx_pool_t *pool);
@@ -29,7 +29,7 @@ static void ngx_http_idempotency_answer_free(void *data);
  */
 
 ngx_uint_t
-ngx_http_idempotency_claim_answer(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_claim_answer(ngx_http_idempotency_target_t *redis,
     redisReply *reply, ngx_http_idempotency_answer_t *a)
 {
     u_char                         *data;
@@ -137,7 +137,7 @@ ngx_http_idempotency_claim_answer(ngx_http_idempotency_redis_t *redis,
  */
 
 static ngx_int_t
-ngx_http_idempotency_claim_result(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_claim_result(ngx_http_idempotency_target_t *redis,
     ngx_uint_t *mode, redisReply *reply, u_char *claim, ngx_log_t *log)
 {
     switch (reply->type) {

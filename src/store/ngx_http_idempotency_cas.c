@@ -145,7 +145,7 @@ ngx_http_idempotency_claim_maybe_won(redisReply *reply, u_char *claim)
  */
 
 ngx_int_t
-ngx_http_idempotency_claim_allowed(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_claim_allowed(ngx_http_idempotency_target_t *redis)
 {
     if (!redis->script_refused || ngx_http_idempotency_has_ifeq(redis)) {
         redis->cas_missing = 0;
@@ -222,7 +222,7 @@ ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
  */
 
 ngx_int_t
-ngx_http_idempotency_take_result(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_take_result(ngx_http_idempotency_target_t *redis,
     redisReply *reply, ngx_log_t *log)
 {
     if (reply == NULL) {
@@ -306,7 +306,7 @@ ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
  */
 
 ngx_int_t
-ngx_http_idempotency_touch_result(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_touch_result(ngx_http_idempotency_target_t *redis,
     redisReply *reply, u_char *claim, ngx_log_t *log, ngx_str_t *info)
 {
     if (reply != NULL) {
@@ -370,7 +370,7 @@ ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
  */
 
 int
-ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_delifeq_args(ngx_http_idempotency_target_t *redis,
     const char **argv, size_t *argvlen, ngx_str_t *rkey, u_char *expected,
     size_t len)
 {
@@ -408,7 +408,7 @@ ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
  */
 
 ngx_int_t
-ngx_http_idempotency_delifeq_refused(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_delifeq_refused(ngx_http_idempotency_target_t *redis,
     redisReply *reply)
 {
     if (!ngx_http_idempotency_redis_forbidden(reply)) {

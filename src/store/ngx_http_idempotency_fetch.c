@@ -19,7 +19,7 @@
 
 
 static ngx_http_idempotency_fetch_t *ngx_http_idempotency_fetch_create(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_log_t *log,
+    ngx_http_idempotency_target_t *redis, ngx_str_t *rkey, ngx_log_t *log,
     ngx_http_idempotency_fetch_pt handler, void *data);
 static ngx_int_t ngx_http_idempotency_fetch_send(
     ngx_http_idempotency_fetch_t *f, ngx_http_idempotency_reply_pt handler,
@@ -85,7 +85,7 @@ static ngx_str_t  ngx_http_idempotency_purge_script = ngx_string(
  */
 
 ngx_http_idempotency_fetch_t *
-ngx_http_idempotency_fetch(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_fetch(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_log_t *log, ngx_http_idempotency_fetch_pt handler,
     void *data)
 {
@@ -118,7 +118,7 @@ ngx_http_idempotency_fetch(ngx_http_idempotency_redis_t *redis,
  */
 
 ngx_http_idempotency_fetch_t *
-ngx_http_idempotency_purge(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_purge(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_uint_t force, ngx_log_t *log,
     ngx_http_idempotency_fetch_pt handler, void *data)
 {
@@ -186,7 +186,7 @@ ngx_http_idempotency_fetch_cancel(ngx_http_idempotency_fetch_t *f)
 
 
 static ngx_http_idempotency_fetch_t *
-ngx_http_idempotency_fetch_create(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_fetch_create(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_log_t *log, ngx_http_idempotency_fetch_pt handler,
     void *data)
 {

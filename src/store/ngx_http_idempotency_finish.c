@@ -30,10 +30,10 @@
 
 
 static ngx_http_idempotency_op_t *ngx_http_idempotency_finish_op(
-    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_http_idempotency_target_t *redis, ngx_http_idempotency_finish_t *f,
     ngx_http_idempotency_reply_pt handler);
 static ngx_int_t ngx_http_idempotency_stage(
-    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f,
+    ngx_http_idempotency_target_t *redis, ngx_http_idempotency_finish_t *f,
     ngx_str_t *skey);
 static void ngx_http_idempotency_finish_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
@@ -41,7 +41,7 @@ static void ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_uint_t ngx_http_idempotency_finish_result(redisReply *reply);
 static ngx_int_t ngx_http_idempotency_finish_native(
-    ngx_http_idempotency_redis_t *redis, ngx_http_idempotency_finish_t *f);
+    ngx_http_idempotency_target_t *redis, ngx_http_idempotency_finish_t *f);
 static int ngx_http_idempotency_native_args(const char **argv,
     size_t *argvlen, ngx_str_t *rkey, u_char *value, size_t len,
     u_char *claim, ngx_msec_t ttl, u_char *px);
@@ -51,7 +51,7 @@ static void ngx_http_idempotency_native_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 static ngx_int_t ngx_http_idempotency_native_again(
     ngx_http_idempotency_op_t *op, redisReply *reply);
-static void ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
+static void ngx_http_idempotency_publish(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_uint_t store);
 static void ngx_http_idempotency_published(ngx_http_idempotency_op_t *op,
     redisReply *reply);
@@ -60,7 +60,7 @@ static void ngx_http_idempotency_no_done(ngx_http_idempotency_key_op_t *kop,
 static void ngx_http_idempotency_no_failed(ngx_uint_t zone);
 static void ngx_http_idempotency_no_unknown(ngx_uint_t cause);
 static void ngx_http_idempotency_no_claim_refused(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 static void ngx_http_idempotency_no_claim_sent(
     ngx_http_idempotency_key_op_t *kop);
 static void ngx_http_idempotency_no_claim_done(
@@ -88,7 +88,7 @@ ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events = {
  */
 
 void
-ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_finish_key(ngx_http_idempotency_target_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_log_t *log)
 {
     int                         n;
@@ -188,7 +188,7 @@ failed:
 /* an op that names its key and request for the log, sent again if lost */
 
 static ngx_http_idempotency_op_t *
-ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_finish_op(ngx_http_idempotency_target_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_http_idempotency_reply_pt handler)
 {
     ngx_http_idempotency_op_t      *op;
@@ -259,7 +259,7 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_redis_t *redis,
  */
 
 static ngx_int_t
-ngx_http_idempotency_stage(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_stage(ngx_http_idempotency_target_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_str_t *skey)
 {
     u_char                     *p, ttl[NGX_INT_T_LEN];
@@ -467,7 +467,7 @@ ngx_http_idempotency_stage_done(ngx_http_idempotency_op_t *op,
  */
 
 static ngx_int_t
-ngx_http_idempotency_finish_native(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_finish_native(ngx_http_idempotency_target_t *redis,
     ngx_http_idempotency_finish_t *f)
 {
     int                            argc;
@@ -730,7 +730,7 @@ ngx_http_idempotency_native_again(ngx_http_idempotency_op_t *op,
  */
 
 static void
-ngx_http_idempotency_publish(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_publish(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_uint_t store)
 {
     size_t                      argvlen[3];
@@ -795,7 +795,7 @@ ngx_http_idempotency_no_unknown(ngx_uint_t cause)
 
 
 static void
-ngx_http_idempotency_no_claim_refused(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_no_claim_refused(ngx_http_idempotency_target_t *redis)
 {
 }
 

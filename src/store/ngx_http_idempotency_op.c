@@ -13,7 +13,7 @@
  */
 
 ngx_http_idempotency_key_op_t *
-ngx_http_idempotency_key_op_alloc(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_key_op_alloc(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey)
 {
     ngx_http_idempotency_op_t      *op;

@@ -40,7 +40,7 @@ static void ngx_http_idempotency_scan_done(ngx_http_idempotency_scan_t *scan);
  */
 
 ngx_http_idempotency_scan_t *
-ngx_http_idempotency_scan_create(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_scan_create(ngx_http_idempotency_target_t *redis,
     ngx_log_t *log)
 {
     ngx_http_idempotency_scan_t  *scan;

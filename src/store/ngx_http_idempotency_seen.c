@@ -22,7 +22,7 @@ static void ngx_http_idempotency_seen_done(ngx_http_idempotency_op_t *op,
  */
 
 ngx_http_idempotency_op_t *
-ngx_http_idempotency_seen_send(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_seen_send(ngx_http_idempotency_target_t *redis,
     ngx_str_t *prefix, u_char *hash, u_char *key_hex, ngx_msec_t window,
     ngx_http_idempotency_seen_pt handler, void *data)
 {

@@ -277,7 +277,7 @@ typedef struct ngx_http_idempotency_watcher_s
  * every claim of the location points to it
  */
 typedef struct {
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_array_t                     *keys;       /* opening sealed records */
     ngx_msec_t                       lock_ttl;
     ngx_msec_t                       ttl;
@@ -435,7 +435,7 @@ typedef struct {
 
     /* a claim not sent: the server forbids scripting, has no SET IFEQ */
     void                           (*claim_refused)(
-                                       ngx_http_idempotency_redis_t *redis);
+                                       ngx_http_idempotency_target_t *redis);
 
     /* a claim's round trip: sent, and answered (or not) */
     void                           (*claim_sent)(
@@ -483,13 +483,13 @@ extern ngx_http_idempotency_store_events_t  ngx_http_idempotency_store_events;
 
 /* op.c: the store's commands */
 ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_alloc(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey);
+    ngx_http_idempotency_target_t *redis, ngx_str_t *rkey);
 ngx_http_idempotency_key_op_t *ngx_http_idempotency_key_op_copy(
     ngx_http_idempotency_key_op_t *from);
 
 /* answer.c: what a claim's reply means for its request */
 ngx_uint_t ngx_http_idempotency_claim_answer(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply,
+    ngx_http_idempotency_target_t *redis, redisReply *reply,
     ngx_http_idempotency_answer_t *a);
 
 /* claim.c: a request's claim */
@@ -536,22 +536,22 @@ ngx_uint_t ngx_http_idempotency_claim_maybe_won(redisReply *reply,
 ngx_int_t ngx_http_idempotency_set_nx_get(ngx_http_idempotency_op_t *op,
     ngx_str_t *key, u_char *value, size_t len, ngx_msec_t ttl);
 ngx_int_t ngx_http_idempotency_claim_allowed(
-    ngx_http_idempotency_redis_t *redis);
+    ngx_http_idempotency_target_t *redis);
 ngx_int_t ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *seen, u_char *value, ngx_msec_t ttl);
 ngx_int_t ngx_http_idempotency_take_result(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply, ngx_log_t *log);
+    ngx_http_idempotency_target_t *redis, redisReply *reply, ngx_log_t *log);
 void ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_str_t *rkey, u_char *value, size_t len, u_char *expected);
-int ngx_http_idempotency_delifeq_args(ngx_http_idempotency_redis_t *redis,
+int ngx_http_idempotency_delifeq_args(ngx_http_idempotency_target_t *redis,
     const char **argv, size_t *argvlen, ngx_str_t *rkey, u_char *expected,
     size_t len);
 ngx_int_t ngx_http_idempotency_delifeq_refused(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply);
+    ngx_http_idempotency_target_t *redis, redisReply *reply);
 ngx_int_t ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
     ngx_str_t *rkey, u_char *claim);
 ngx_int_t ngx_http_idempotency_touch_result(
-    ngx_http_idempotency_redis_t *redis, redisReply *reply, u_char *claim,
+    ngx_http_idempotency_target_t *redis, redisReply *reply, u_char *claim,
     ngx_log_t *log, ngx_str_t *info);
 
 /* durable.c: WAIT, WAITAOF */
@@ -580,7 +580,7 @@ typedef void (*ngx_http_idempotency_fetch_pt)(
     ngx_http_idempotency_fetch_t *f, ngx_uint_t result);
 
 struct ngx_http_idempotency_fetch_s {
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_str_t                        rkey;       /* in key[] */
     ngx_log_t                       *log;        /* the caller's */
 
@@ -602,10 +602,10 @@ struct ngx_http_idempotency_fetch_s {
 };
 
 ngx_http_idempotency_fetch_t *ngx_http_idempotency_fetch(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_log_t *log,
+    ngx_http_idempotency_target_t *redis, ngx_str_t *rkey, ngx_log_t *log,
     ngx_http_idempotency_fetch_pt handler, void *data);
 ngx_http_idempotency_fetch_t *ngx_http_idempotency_purge(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *rkey, ngx_uint_t force,
+    ngx_http_idempotency_target_t *redis, ngx_str_t *rkey, ngx_uint_t force,
     ngx_log_t *log, ngx_http_idempotency_fetch_pt handler, void *data);
 void ngx_http_idempotency_fetch_cancel(ngx_http_idempotency_fetch_t *f);
 ngx_int_t ngx_http_idempotency_sealed_id(u_char *data, size_t len,
@@ -637,7 +637,7 @@ typedef struct {
 } ngx_http_idempotency_scan_key_t;
 
 struct ngx_http_idempotency_scan_s {
-    ngx_http_idempotency_redis_t    *redis;
+    ngx_http_idempotency_target_t   *redis;
     ngx_str_t                        prefix;
     ngx_uint_t                       count;      /* SCAN's COUNT */
 
@@ -664,18 +664,18 @@ struct ngx_http_idempotency_scan_s {
 };
 
 ngx_http_idempotency_scan_t *ngx_http_idempotency_scan_create(
-    ngx_http_idempotency_redis_t *redis, ngx_log_t *log);
+    ngx_http_idempotency_target_t *redis, ngx_log_t *log);
 ngx_int_t ngx_http_idempotency_scan_start(ngx_http_idempotency_scan_t *scan);
 void ngx_http_idempotency_scan_cancel(ngx_http_idempotency_scan_t *scan);
 
 /* seen.c: which key first carried a request */
 ngx_http_idempotency_op_t *ngx_http_idempotency_seen_send(
-    ngx_http_idempotency_redis_t *redis, ngx_str_t *prefix, u_char *hash,
+    ngx_http_idempotency_target_t *redis, ngx_str_t *prefix, u_char *hash,
     u_char *key_hex, ngx_msec_t window, ngx_http_idempotency_seen_pt handler,
     void *data);
 
 /* finish.c: a claim stored, made an unknown outcome, or released */
-void ngx_http_idempotency_finish_key(ngx_http_idempotency_redis_t *redis,
+void ngx_http_idempotency_finish_key(ngx_http_idempotency_target_t *redis,
     ngx_http_idempotency_finish_t *f, ngx_log_t *log);
 
 /* retry.c: finishes sent again until acknowledged or their lease ends */
@@ -688,8 +688,8 @@ void ngx_http_idempotency_retry_exit(void);
 /* watch.c: waiting for a record key to change, woken by the finish */
 extern ngx_uint_t  ngx_http_idempotency_watch_epoch;
 ngx_int_t ngx_http_idempotency_watch_ready(
-    ngx_http_idempotency_redis_t *redis);
-ngx_int_t ngx_http_idempotency_watch_add(ngx_http_idempotency_redis_t *redis,
+    ngx_http_idempotency_target_t *redis);
+ngx_int_t ngx_http_idempotency_watch_add(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_http_idempotency_watcher_t *w);
 ngx_int_t ngx_http_idempotency_watch_wait(ngx_http_idempotency_watcher_t *w,
     ngx_uint_t sent, ngx_log_t *log);

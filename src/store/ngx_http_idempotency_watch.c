@@ -55,7 +55,7 @@ ngx_uint_t  ngx_http_idempotency_watch_epoch;
 /* NGX_OK: wake-ups may come from the target; its subscriber on demand */
 
 ngx_int_t
-ngx_http_idempotency_watch_ready(ngx_http_idempotency_redis_t *redis)
+ngx_http_idempotency_watch_ready(ngx_http_idempotency_target_t *redis)
 {
     ngx_http_idempotency_subscriber_t  *sub;
 
@@ -96,7 +96,7 @@ ngx_http_idempotency_watch_ready(ngx_http_idempotency_redis_t *redis)
  */
 
 ngx_int_t
-ngx_http_idempotency_watch_add(ngx_http_idempotency_redis_t *redis,
+ngx_http_idempotency_watch_add(ngx_http_idempotency_target_t *redis,
     ngx_str_t *rkey, ngx_http_idempotency_watcher_t *w)
 {
     ngx_http_idempotency_channel_t    *ch;
@@ -265,7 +265,7 @@ static void
 ngx_http_idempotency_watch_refused(ngx_http_idempotency_subscriber_t *sub,
     redisReply *reply)
 {
-    ngx_http_idempotency_redis_t  *redis;
+    ngx_http_idempotency_target_t *redis;
 
     redis = sub->node.redis;
 
