@@ -18,8 +18,7 @@ plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
 
 my $client = 't/lib/stripe_client.js';
-my $installed = `node $client install 2>&1`;
-$? == 0 or BAIL_OUT("Stripe's library: $installed");
+npm_library($client);
 my $slow = $ENV{TEST_ASAN} ? 3 : 1;
 my ($late_port, $fast_port, $slow_port, $origin_port)
     = (19990, 19991, 19992, 19993);

@@ -22,7 +22,7 @@ else
           libtest-longstring-perl libhttp-message-perl liburi-perl libwww-perl
           libipc-run-perl openssl python3 python3-grpcio
           build-essential debhelper dpkg-dev fakeroot lintian
-          nodejs        # t/047: Stripe's own Node.js library, from npm
+          nodejs        # t/047, t/068: libraries from npm
           spin          # t/050: the protocol model, checked by SPIN
           "$@")
     need_npm=1

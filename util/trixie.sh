@@ -15,10 +15,11 @@
 #    named here.  Then a standard Debian /etc/hosts, util/deps.sh in the
 #    root, valkey-server and valkey-tools (and valkey-sentinel where it is a
 #    package of its own), with a policy-rc.d that starts no service; and
-#    the npm library t/047 installs (the runs have no network), by this
-#    machine's npm, whose configuration reaches the registry.  The newest
-#    servers: their packages (server, tools, sentinel) downloaded by apt
-#    from the same archive's forky and experimental suites (a list of
+#    the npm libraries t/047 and t/068 install (the runs have no
+#    network), by this machine's npm, whose configuration reaches the
+#    registry.  The newest servers: their packages (server, tools,
+#    sentinel) downloaded by apt from the same archive's forky and
+#    experimental suites (a list of
 #    their own, never the root's sources), unpacked into
 #    /opt/ngx-idempotency/valkey-newest and .../redis-newest, and checked:
 #    they run on trixie's libraries, and are Valkey 9.0 or later and Redis
@@ -351,11 +352,18 @@ newest_setup() {
            "$root/var/cache/apt/ngx-idempotency-newest"
 }
 
-# the npm library t/047 installs when it is missing (the version its
-# driver, t/lib/stripe_client.js, names)
-stripe_version() {
-    sed -n "s/^const VERSION = '\([^']*\)';.*/\1/p" \
-        "$top"/t/lib/stripe_client.js 2>/dev/null | head -1
+# the npm libraries the tests install when they are missing, one
+# name@version a line: each driver's `const NAME` and `const VERSION`
+# (t/047's Stripe library, t/068's Standard Webhooks library)
+npm_libs() {
+    local f name ver
+    for f in stripe_client.js webhooks.js; do
+        name=$(sed -n "s/^const NAME = '\([^']*\)';.*/\1/p" \
+                   "$top/t/lib/$f" 2>/dev/null | head -1)
+        ver=$(sed -n "s/^const VERSION = '\([^']*\)';.*/\1/p" \
+                  "$top/t/lib/$f" 2>/dev/null | head -1)
+        [ -z "$name" ] || [ -z "$ver" ] || echo "$name@$ver"
+    done
 }
 
 # copy_checkout DIR: the work tree's tracked and untracked non-ignored
@@ -432,7 +440,7 @@ package_list() {
         grep -v '^$'
     printf '%s\n' "${valkey_pkgs[@]}" "${extra_pkgs[@]}"
     printf 'newest %s\n' "${newest[@]}"
-    echo "npm stripe@$(stripe_version)"
+    npm_libs | sed 's/^/npm /'
 }
 
 # mounts_under DIR: mount points at or under DIR, deepest first
@@ -576,24 +584,25 @@ ff02::2		ip6-allrouters
 EOF
 
     echo "== trixie root: util/deps.sh, Valkey, the newest servers, npm" \
-         "stripe@$(stripe_version)"
+         $(npm_libs)
     t0=$(now)
     copy_checkout "$new/build/repo"
     if ! ns "$new" setup >> "$setup_log" 2>&1; then
         tail -n 30 "$setup_log"
         die "setting up the root failed"
     fi
-    # t/047's library, by this machine's npm with its own configuration
-    # (registry, CA) into the directory t/047 reads in the root
-    stripe=$(stripe_version)
-    if [ -n "$stripe" ]; then
+    # the tests' npm libraries, by this machine's npm with its own
+    # configuration (registry, CA) into the directory the tests read in
+    # the root
+    mapfile -t libs < <(npm_libs)
+    if [ ${#libs[@]} -gt 0 ]; then
         need npm npm
         mkdir -p "$new/var/cache/ngx-idempotency-npm"
         if ! (cd "$new/var/cache/ngx-idempotency-npm" &&
               timeout 600 npm install --no-audit --no-fund --silent \
-                  "stripe@$stripe") >> "$setup_log" 2>&1; then
+                  "${libs[@]}") >> "$setup_log" 2>&1; then
             tail -n 30 "$setup_log"
-            die "npm install stripe@$stripe failed"
+            die "npm install ${libs[*]} failed"
         fi
     fi
     t_deps=$(($(now) - t0))

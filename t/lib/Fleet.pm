@@ -26,7 +26,7 @@ use Exporter 'import';
 our @EXPORT = qw(fleet_root nginx_conf nginx_start nginx_stop nginx_signal
                  http_post http_burst lines_of log_problems redis_cli
                  redis_cli_at redis_pid have_module settled pay_server
-                 upstream_runs);
+                 upstream_runs npm_library);
 our @EXPORT_OK = qw(guard guard_topology);
 
 my $root;
@@ -38,6 +38,18 @@ $ENV{REDIS_CLI} ||= 'redis-cli';
 sub have_module {
     return grep { /idempotency/ }
            split /\s+/, ($ENV{TEST_NGINX_LOAD_MODULES} || '');
+}
+
+# npm_library(driver): the npm library a node driver in t/lib drives
+# (stripe_client.js, webhooks.js), installed by "node DRIVER install"
+# into the cache t/lib/npm_cache.js names; the test bails out if it cannot
+sub npm_library {
+    my $driver = shift;
+    my $out = `node $driver install 2>&1`;
+    require Test::More;
+    Test::More::BAIL_OUT("node $driver install: $out") if $?;
+    chomp $out;
+    return $out;
 }
 
 sub fleet_root {

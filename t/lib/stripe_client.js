@@ -4,9 +4,7 @@
 //
 //   node stripe_client.js install
 //     Installs the library, unless it is there, into a cache outside the
-//     repository: the first of $STRIPE_NODE_DIR,
-//     /var/cache/ngx-idempotency-npm and ~/.cache/ngx-idempotency-npm that
-//     has it, else the first that can be written.  Prints the library's
+//     repository (t/lib/npm_cache.js says which).  Prints the library's
 //     name and version; exits 1 with why on stderr if it cannot.
 //
 //   node stripe_client.js [--timeout MS] PORT[,PORT]... KEY:AMOUNT[,AMOUNT]...
@@ -17,55 +15,10 @@
 //     one JSON line per KEY, in their order: what the library handed the
 //     application for the last call made, a result or the error it threw.
 'use strict';
-const childProcess = require('child_process');
-const fs = require('fs');
-const os = require('os');
-const path = require('path');
+const npmCache = require('./npm_cache');
 
 const NAME = 'stripe';
 const VERSION = '23.1.0';
-
-const caches = [process.env.STRIPE_NODE_DIR, '/var/cache/ngx-idempotency-npm',
-                path.join(os.homedir(), '.cache', 'ngx-idempotency-npm')]
-  .filter(Boolean);
-
-function installedIn(dir) {
-  try {
-    const pkg = path.join(dir, 'node_modules', NAME, 'package.json');
-    return JSON.parse(fs.readFileSync(pkg, 'utf8')).version === VERSION;
-  } catch (e) {
-    return false;
-  }
-}
-
-function writable(dir) {
-  try {
-    fs.mkdirSync(dir, { recursive: true });
-    fs.accessSync(dir, fs.constants.W_OK);
-    return true;
-  } catch (e) {
-    return false;
-  }
-}
-
-function install() {
-  if (caches.some(installedIn)) {
-    return;
-  }
-  const dir = caches.find(writable);
-  if (!dir) {
-    throw new Error('no writable cache directory for npm: '
-                    + caches.join(', '));
-  }
-  const out = childProcess.spawnSync('npm', [
-    'install', '--prefix', dir, '--no-audit', '--no-fund', '--silent',
-    `${NAME}@${VERSION}`], { encoding: 'utf8', timeout: 300000 });
-  if (out.error || out.status !== 0) {
-    throw new Error(`npm install ${NAME}@${VERSION} failed: `
-                    + (out.error ? out.error.message
-                                 : out.stderr.trim().slice(-300)));
-  }
-}
 
 async function one(edges, key, amounts, i) {
   const out = { key, t0: Date.now() / 1000 };
@@ -95,17 +48,12 @@ async function one(edges, key, amounts, i) {
   return out;
 }
 
-async function run(args) {
+async function run(Stripe, args) {
   let timeout = 20000;
   if (args[0] === '--timeout') {
     timeout = Number(args[1]);
     args = args.slice(2);
   }
-  const dir = caches.find(installedIn);
-  if (!dir) {
-    throw new Error(`${NAME}@${VERSION} is not installed: run install first`);
-  }
-  const Stripe = require(path.join(dir, 'node_modules', NAME));
   const edges = args[0].split(',').map((port) => new Stripe('sk_test_idem', {
     host: '127.0.0.1', port: Number(port), protocol: 'http',
     maxNetworkRetries: 4, timeout, telemetry: false,
@@ -121,18 +69,4 @@ async function run(args) {
   }
 }
 
-async function main(args) {
-  try {
-    if (args[0] === 'install') {
-      install();
-      process.stdout.write(`${NAME}@${VERSION}\n`);
-    } else {
-      await run(args);
-    }
-  } catch (e) {
-    process.stderr.write(`stripe_client.js: ${e.message}\n`);
-    process.exitCode = 1;
-  }
-}
-
-main(process.argv.slice(2));
+npmCache.main(NAME, VERSION, 'stripe_client.js', process.argv.slice(2), run);
