@@ -198,12 +198,8 @@ ngx_http_idempotency_take_command(ngx_http_idempotency_op_t *op,
         return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
     }
 
-    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
-    argv[1] = (const char *) ngx_http_idempotency_take_script.data;
-    argvlen[1] = ngx_http_idempotency_take_script.len;
-    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
-    argv[3] = (const char *) rkey->data;
-    argvlen[3] = rkey->len;
+    ngx_http_idempotency_eval_args(argv, argvlen,
+                                   &ngx_http_idempotency_take_script, rkey);
     argv[4] = (const char *) seen;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
     argv[5] = (const char *) value;
@@ -286,12 +282,8 @@ ngx_http_idempotency_touch_command(ngx_http_idempotency_op_t *op,
         return ngx_http_idempotency_redis_command(op, 7, argv, argvlen);
     }
 
-    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
-    argv[1] = (const char *) ngx_http_idempotency_touch_script.data;
-    argvlen[1] = ngx_http_idempotency_touch_script.len;
-    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
-    argv[3] = (const char *) rkey->data;
-    argvlen[3] = rkey->len;
+    ngx_http_idempotency_eval_args(argv, argvlen,
+                                   &ngx_http_idempotency_touch_script, rkey);
     argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
 
@@ -360,6 +352,24 @@ ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_http_idempotency_arg(argv, argvlen, 3, "IFEQ");
     argv[4] = (const char *) expected;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_HEAD_LEN;
+}
+
+
+/*
+ * The first four arguments of a script sent by its text, on one key:
+ * EVAL <script> 1 <key>
+ */
+
+void
+ngx_http_idempotency_eval_args(const char **argv, size_t *argvlen,
+    ngx_str_t *script, ngx_str_t *rkey)
+{
+    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
+    argv[1] = (const char *) script->data;
+    argvlen[1] = script->len;
+    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
+    argv[3] = (const char *) rkey->data;
+    argvlen[3] = rkey->len;
 }
 
 

@@ -265,12 +265,8 @@ ngx_http_idempotency_lease_renew(ngx_http_idempotency_key_op_t *kop,
     argv[6] = (const char *) pttl;
     argvlen[6] = argvlen[0];
 
-    ngx_http_idempotency_arg(argv, argvlen, 0, "EVAL");
-    argv[1] = (const char *) ngx_http_idempotency_renew_script.data;
-    argvlen[1] = ngx_http_idempotency_renew_script.len;
-    ngx_http_idempotency_arg(argv, argvlen, 2, "1");
-    argv[3] = (const char *) rkey->data;
-    argvlen[3] = rkey->len;
+    ngx_http_idempotency_eval_args(argv, argvlen,
+                                   &ngx_http_idempotency_renew_script, rkey);
     argv[4] = (const char *) claim;
     argvlen[4] = NGX_HTTP_IDEMPOTENCY_WORD_AT;
     argv[5] = (const char *) word;

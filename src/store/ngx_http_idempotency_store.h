@@ -543,6 +543,8 @@ ngx_int_t ngx_http_idempotency_take_result(
     ngx_http_idempotency_target_t *redis, redisReply *reply, ngx_log_t *log);
 void ngx_http_idempotency_cas_args(const char **argv, size_t *argvlen,
     ngx_str_t *rkey, u_char *value, size_t len, u_char *expected);
+void ngx_http_idempotency_eval_args(const char **argv, size_t *argvlen,
+    ngx_str_t *script, ngx_str_t *rkey);
 int ngx_http_idempotency_delifeq_args(ngx_http_idempotency_target_t *redis,
     const char **argv, size_t *argvlen, ngx_str_t *rkey, u_char *expected,
     size_t len);
