@@ -26,6 +26,7 @@ static ngx_int_t ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_claimed(ngx_http_idempotency_claim_t *c,
     ngx_uint_t answer);
+static u_char *ngx_http_idempotency_describe(void *data, u_char *buf);
 static ngx_int_t ngx_http_idempotency_previous_outcome(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_act(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -170,7 +171,7 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 #if (NGX_PCRE)
 
     if (conf->key_pattern) {
-        rc = ngx_regex_exec(conf->key_pattern, &key, NULL, 0);
+        rc = ngx_regex_exec(conf->key_pattern->regex, &key, NULL, 0);
 
         if (rc == NGX_REGEX_NO_MATCHED) {
             return ngx_http_idempotency_invalid_key(r, ctx, NGX_DECLINED,
@@ -181,7 +182,7 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
             ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                           ngx_regex_exec_n " failed: %i on the key, "
                           "idempotency_key_pattern \"%V\"", rc,
-                          &conf->key_pattern_text);
+                          &conf->key_pattern->text);
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
     }
@@ -375,8 +376,15 @@ ngx_http_idempotency_claim_setup(ngx_http_request_t *r,
     c->conf = &ctx->conf->claim;
     c->rkey = ctx->rkey;
     c->handler = ngx_http_idempotency_claimed;
+    c->describe = ngx_http_idempotency_describe;
     c->data = ctx;
-    c->info_len = ngx_http_idempotency_request_info(ctx, c->info) - c->info;
+}
+
+
+static u_char *
+ngx_http_idempotency_describe(void *data, u_char *buf)
+{
+    return ngx_http_idempotency_request_info(data, buf);
 }
 
 

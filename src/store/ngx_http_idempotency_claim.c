@@ -447,6 +447,25 @@ ngx_http_idempotency_claim_answered(ngx_http_idempotency_claim_t *c,
 
 
 /*
+ * The line that names the claim's request in the logs of its ends: asked
+ * of the request once, when the first of them needs it, not for every
+ * claim (a replay or a 409 ends none).
+ */
+
+void
+ngx_http_idempotency_claim_info(ngx_http_idempotency_claim_t *c,
+    ngx_str_t *info)
+{
+    if (c->info_len == 0) {
+        c->info_len = c->describe(c->data, c->info) - c->info;
+    }
+
+    info->data = c->info;
+    info->len = c->info_len;
+}
+
+
+/*
  * The request goes away, or on without an answer: a late reply finds
  * nobody, and a claim it shows won is released then (or, taken over under
  * forward, made unknown again).  A claim already won is ended by its

@@ -82,8 +82,7 @@ ngx_http_idempotency_claim_unknown(ngx_http_idempotency_claim_t *c,
     ngx_http_idempotency_lease_unknown(buf, c->head, status,
                                        NGX_HTTP_IDEMPOTENCY_CAUSE_UPSTREAM);
 
-    info.data = c->info;
-    info.len = c->info_len;
+    ngx_http_idempotency_claim_info(c, &info);
 
     ngx_log_error(NGX_LOG_ERR, c->log, 0,
                   "idempotency: outcome unknown: the request was sent "
@@ -109,8 +108,7 @@ ngx_http_idempotency_claim_finish(ngx_http_idempotency_claim_t *c,
 
     ngx_http_idempotency_renew_stop(c);
 
-    info.data = c->info;
-    info.len = c->info_len;
+    ngx_http_idempotency_claim_info(c, &info);
 
     f.zone = c->conf->zone;
     f.rkey = c->rkey;
@@ -199,6 +197,7 @@ void
 ngx_http_idempotency_owner_lost(ngx_http_idempotency_claim_t *c)
 {
     u_char                          value[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+    ngx_str_t                       info;
     ngx_http_idempotency_key_op_t  *kop;
 
     kop = ngx_http_idempotency_key_op_alloc(c->conf->redis, &c->rkey);
@@ -207,8 +206,10 @@ ngx_http_idempotency_owner_lost(ngx_http_idempotency_claim_t *c)
     }
 
     kop->op.handler = ngx_http_idempotency_owner_lost_done;
-    kop->info_len = c->info_len;
-    ngx_memcpy(kop->info, c->info, c->info_len);
+
+    ngx_http_idempotency_claim_info(c, &info);
+    kop->info_len = info.len;
+    ngx_memcpy(kop->info, info.data, info.len);
 
     ngx_memcpy(value, c->seen, NGX_HTTP_IDEMPOTENCY_HEAD_LEN);
     ngx_http_idempotency_lease_unknown(value, c->seen,

@@ -61,6 +61,7 @@ static ngx_http_idempotency_key_op_t *
 ngx_http_idempotency_replicas_issue(ngx_http_idempotency_claim_t *c,
     ngx_uint_t claim)
 {
+    ngx_str_t                       info;
     ngx_http_idempotency_key_op_t  *kop;
 
     if (!c->conf->replicas_on) {
@@ -85,8 +86,10 @@ ngx_http_idempotency_replicas_issue(ngx_http_idempotency_claim_t *c,
 
     } else {
         kop->op.handler = ngx_http_idempotency_replicas_store_done;
-        kop->info_len = c->info_len;
-        ngx_memcpy(kop->info, c->info, c->info_len);
+
+        ngx_http_idempotency_claim_info(c, &info);
+        kop->info_len = info.len;
+        ngx_memcpy(kop->info, info.data, info.len);
     }
 
     if (ngx_http_idempotency_durable_command(kop, c->conf->replicas,

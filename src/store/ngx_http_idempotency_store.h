@@ -302,6 +302,9 @@ typedef struct ngx_http_idempotency_claim_s  ngx_http_idempotency_claim_t;
 typedef void (*ngx_http_idempotency_claim_pt)(ngx_http_idempotency_claim_t *c,
     ngx_uint_t answer);
 
+/* what names the claim's request in a log line, into INFO_LEN bytes */
+typedef u_char *(*ngx_http_idempotency_describe_pt)(void *data, u_char *buf);
+
 
 /*
  * A request's claim on its record key (claim.c), in the request's pool.
@@ -318,9 +321,8 @@ struct ngx_http_idempotency_claim_s {
     ngx_str_t                        rkey;
     u_char                           head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     ngx_http_idempotency_claim_pt    handler;
+    ngx_http_idempotency_describe_pt describe;
     void                            *data;
-    size_t                           info_len;
-    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     /* told with the answer */
     ngx_http_idempotency_record_t    record;     /* REPLAY */
@@ -343,6 +345,10 @@ struct ngx_http_idempotency_claim_s {
     ngx_uint_t                       mode;       /* how the claim is sent */
     ngx_uint_t                       takes;
     u_char                           seen[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    /* describe()'s, made when a log line or an end first needs it */
+    size_t                           info_len;
+    u_char                           info[NGX_HTTP_IDEMPOTENCY_INFO_LEN];
 
     /* claim_wait.c: a key in progress waited for */
     ngx_event_t                      poll;
@@ -499,6 +505,8 @@ ngx_int_t ngx_http_idempotency_claim_start(ngx_http_idempotency_claim_t *c);
 void ngx_http_idempotency_claim_detach(ngx_http_idempotency_claim_t *c);
 void ngx_http_idempotency_claim_answered(ngx_http_idempotency_claim_t *c,
     ngx_uint_t answer);
+void ngx_http_idempotency_claim_info(ngx_http_idempotency_claim_t *c,
+    ngx_str_t *info);
 
 /* claim_wait.c: a claim that waits for its key in progress */
 ngx_int_t ngx_http_idempotency_claim_wait(ngx_http_idempotency_claim_t *c);
