@@ -624,9 +624,10 @@ ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
 #if (NGX_PCRE)
-    ngx_str_t            *value;
-    ngx_regex_compile_t   rc;
-    u_char                errstr[NGX_MAX_CONF_ERRSTR];
+    ngx_str_t                           *value;
+    ngx_regex_compile_t                  rc;
+    ngx_http_idempotency_key_pattern_t  *kp;
+    u_char                               errstr[NGX_MAX_CONF_ERRSTR];
 
     if (ilcf->key_pattern != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
@@ -651,8 +652,14 @@ ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    ilcf->key_pattern = rc.regex;
-    ilcf->key_pattern_text = value[1];
+    kp = ngx_palloc(cf->pool, sizeof(ngx_http_idempotency_key_pattern_t));
+    if (kp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    kp->regex = rc.regex;
+    kp->text = value[1];
+    ilcf->key_pattern = kp;
 
     return NGX_CONF_OK;
 

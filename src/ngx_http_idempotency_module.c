@@ -587,14 +587,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_size_value(conf->key_max_length, prev->key_max_length,
                               255);
 
-    if (conf->key_pattern == NGX_CONF_UNSET_PTR) {
-        conf->key_pattern = prev->key_pattern;
-        conf->key_pattern_text = prev->key_pattern_text;
-    }
-
-    if (conf->key_pattern == NGX_CONF_UNSET_PTR) {
-        conf->key_pattern = NULL;
-    }
+    ngx_conf_merge_ptr_value(conf->key_pattern, prev->key_pattern, NULL);
     ngx_conf_merge_ptr_value(conf->scope, prev->scope, NULL);
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  (NGX_CONF_BITMASK_SET

@@ -19,7 +19,10 @@ below, never one above:
      and writes one through build.c;
   6. the store is the only way to Redis from the request: no http/ or
      wiring code reads a reply's fields (reply->..., REDIS_REPLY_*) or
-     sends a command of the client's (op_alloc, redis_command).
+     sends a command of the client's (op_alloc, redis_command);
+  7. small files with one concern: no source file over 1,000 lines, no
+     function over 150 (from the line that names it to its closing
+     brace, nginx style).
 
 Comments and string literals are not read.  Prints one line per breach and
 exits 1; prints a summary and exits 0 when the layers hold.
@@ -53,6 +56,8 @@ FORMAT = re.compile(r'NGX_HTTP_IDEMPOTENCY_(?:MAGIC|OWNER_LEN|LEASE_MARK)\b'
                     r'|(?<!\.)\b(?:claim|seen|head|value|rec|data)'
                     r'\s*(?:\[\s*4\s*\]|\+\s*5\b)')
 FUNC = re.compile(r'^(ngx_http_idempotency_\w+)\(', re.M)
+FILE_MAX = 1000
+FUNC_MAX = 150
 VAR = re.compile(r'^(?!static|extern|typedef)[a-z_][\w ]*[ *]'
                  r'(ngx_http_idempotency_\w+)(?:\[[^]]*\])? *[=;]', re.M)
 INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
@@ -149,6 +154,23 @@ def main():
             if rank(path) != 1 and FORMAT.search(line):
                 breaches.append('%s:%d reads a record\'s bytes: %s'
                                 % (path, n, line.strip()))
+
+    # 7. sizes
+    for path, raw in sorted(files.items()):
+        lines = raw.split('\n')
+        if len(lines) - 1 > FILE_MAX:
+            breaches.append('%s has %d lines, more than %d'
+                            % (path, len(lines) - 1, FILE_MAX))
+        start = None
+        for n, line in enumerate(lines, 1):
+            if start is None and FUNC.match(line):
+                start, name = n, FUNC.match(line).group(1)
+            elif start is not None and line == '}':
+                if n - start + 1 > FUNC_MAX:
+                    breaches.append('%s:%d %s has %d lines, more than %d'
+                                    % (path, start, name, n - start + 1,
+                                       FUNC_MAX))
+                start = None
 
     for b in breaches:
         print('layers: ' + b)

@@ -65,6 +65,15 @@ typedef enum {
 
 
 /* an RFC 9457 problem: the status, the code (also the type's fragment) */
+/* idempotency_key_pattern: compiled once (conf.c), shown in the detail */
+typedef struct {
+#if (NGX_PCRE)
+    ngx_regex_t                     *regex;
+#endif
+    ngx_str_t                        text;
+} ngx_http_idempotency_key_pattern_t;
+
+
 typedef struct {
     ngx_uint_t                       status;
     ngx_str_t                        name;
@@ -97,8 +106,7 @@ typedef struct {
     ngx_str_t                        prefix;
     ngx_http_complex_value_t        *key;        /* NULL: the header */
     size_t                           key_max_length;
-    ngx_regex_t                     *key_pattern;    /* NULL: any key */
-    ngx_str_t                        key_pattern_text;
+    ngx_http_idempotency_key_pattern_t  *key_pattern;   /* NULL: any */
     ngx_http_complex_value_t        *scope;
     ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
     ngx_array_t                     *encrypt_keys;   /* crypt.c, or NULL */

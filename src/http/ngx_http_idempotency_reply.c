@@ -620,11 +620,14 @@ ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
     ngx_str_t   detail, *pattern;
 
     max = ctx->conf->key_max_length;
-    pattern = &ctx->conf->key_pattern_text;
+    pattern = NULL;
 
-    /* the pattern is the operator's text: escaped for JSON */
+    if (rc == NGX_DECLINED) {
+        /* the operator's text: escaped for JSON */
+        pattern = &ctx->conf->key_pattern->text;
+    }
 
-    p = ngx_pnalloc(r->pool, 256 + (rc == NGX_DECLINED
+    p = ngx_pnalloc(r->pool, 256 + (pattern
                                     ? ngx_escape_json(NULL, pattern->data,
                                                       pattern->len)
                                       + pattern->len
