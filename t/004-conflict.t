@@ -133,3 +133,37 @@ GET /fanout
 --- grep_error_log_out
 BACKEND-EXEC /slow
 --- timeout: 8
+
+
+
+=== TEST 5: a duplicate that waits longer than idempotency_redis_timeout still gets the replay
+--- config
+    location = /fanout {
+        echo_subrequest_async POST /p -b 'same';
+        echo_sleep 0.3;
+        echo_subrequest_async POST /p -b 'same';
+    }
+    location = /p {
+        proxy_set_header Idempotency-Key conflict-5;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/pay;
+    }
+    location = /pay {
+        idempotency on;
+        idempotency_wait 5s;
+        idempotency_redis_timeout 200ms;
+        add_header X-Idem $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
+    }
+    location = /slow {
+        access_log logs/error.log backend;
+        echo_sleep 1.5;
+        echo "done $request_id";
+    }
+--- request
+GET /fanout
+--- response_body_like chomp
+\Adone (\w+)\ndone \1\n\z
+--- grep_error_log eval: qr/BACKEND-EXEC \S+|redis "[^"]*" timed out/
+--- grep_error_log_out
+BACKEND-EXEC /slow
+--- timeout: 8

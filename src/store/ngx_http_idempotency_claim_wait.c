@@ -67,6 +67,12 @@ ngx_http_idempotency_claim_wait(ngx_http_idempotency_claim_t *c)
                                 NGX_HTTP_IDEMPOTENCY_POLL_MAX);
     }
 
+    /* the round trip is over: its timer must not fire while the key waits */
+
+    if (c->timer.timer_set) {
+        ngx_del_timer(&c->timer);
+    }
+
     c->polling = 1;
     ngx_add_timer(&c->poll, ngx_min(delay, (ngx_msec_t) left));
 
