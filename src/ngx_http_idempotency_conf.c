@@ -621,9 +621,9 @@ char *
 ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
+#if (NGX_PCRE)
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
-#if (NGX_PCRE)
     ngx_str_t                           *value;
     ngx_regex_compile_t                  rc;
     ngx_http_idempotency_key_pattern_t  *kp;
