@@ -17,12 +17,14 @@ use warnings;
 use lib 't/lib';
 use Test::More;
 use Fleet;
+use RecordBytes;
 use JSON::PP;
 use IO::Socket::INET;
 use Digest::SHA qw(sha256_hex);
 use MIME::Base64 qw(decode_base64);
 use File::Temp qw(tempdir);
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(sleep time);
+use Time::Local qw(timegm);
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES must name the module'
     unless have_module();
@@ -104,6 +106,16 @@ my $dir = nginx_conf('admin', <<"EOC", 1);
         location /pay {
             idempotency on;
             proxy_pass http://127.0.0.1:$be_port;
+        }
+        location /pay-hour {
+            idempotency on;
+            idempotency_ttl 1h;
+            proxy_pass http://127.0.0.1:$be_port/pay;
+        }
+        location /pay-big {
+            idempotency on;
+            idempotency_store_max_size 8;
+            proxy_pass http://127.0.0.1:$be_port/pay;
         }
         location /enc/ {
             idempotency on;
@@ -348,6 +360,66 @@ print([v for n, v in d["headers"] if n == "X-Odd"][0].encode("latin-1").hex())
 chomp $seen;
 is($seen, unpack('H*', $odd),
    "...python3's json.loads reads the view, and the bytes come back");
+
+# --- every member says what happened (issue 31) ------------------------------
+# A record of a location whose idempotency_ttl (1h) is not the view's (the
+# default 24h): stored_at used to be the expiry less the view's own ttl,
+# 23 hours in the past.
+
+# an RFC 3339 time of the view, in seconds since the epoch
+sub epoch_of {
+    my ($y, $mo, $d, $h, $mi, $s, $ms) = ($_[0] // '')
+        =~ /^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z$/
+        or return -1;
+    return timegm($s, $mi, $h, $d, $mo - 1, $y) + $ms / 1000;
+}
+
+my $t0 = time;
+$r = http_post($port, "$run-hour", 'paid', '/pay-hour', "X-Tenant: t9\r\n");
+my $t1 = time;
+is($r->{status}, 201, 'a charge stored under idempotency_ttl 1h');
+sleep 0.3;
+$j = json(req('GET', "/admin?key=$run-hour&scope=t9"));
+my $at = epoch_of($j->{stored_at});
+ok($at >= $t0 - 0.5 && $at <= $t1 + 0.5 * $slow,
+   '...stored_at is when it was stored, whatever the view\'s idempotency_ttl')
+    or diag "stored_at $j->{stored_at}, request between $t0 and $t1";
+$at = epoch_of($j->{expires_at});
+ok($at >= $t0 + 3600 - 1 && $at <= $t1 + 3600 + 1,
+   '...expires_at is an hour later, from Redis\'s PTTL')
+    or diag "expires_at $j->{expires_at}";
+is($j->{state}, 'completed', '...state');
+is($j->{status}, 201, '...status');
+is($j->{lease_until}, undef, '...lease_until null');
+is($j->{fingerprint}, sha256_hex("POST\n/pay-hour\npaid"),
+   '...the fingerprint: SHA-256 of method, URI and body');
+my $hbytes = 0;
+$hbytes += 8 + length($_->[0]) + length($_->[1]) for @{ $j->{headers} || [] };
+is($j->{size}{headers}, $hbytes, '...size.headers: the fields as encoded');
+is($j->{size}{body}, length('{"id":"ch_1"}'), '...size.body');
+ok(exists $j->{sealed} && !defined $j->{sealed}, '...sealed null');
+
+$t0 = time;
+$r = http_post($port, "$run-big", 'x', '/pay-big', "X-Tenant: t9\r\n");
+$t1 = time;
+is($r->{status}, 201, 'a response larger than idempotency_store_max_size');
+sleep 0.3;
+$j = json(req('GET', "/admin?key=$run-big&scope=t9"));
+is($j->{state}, 'too_large', '...is kept as too_large');
+$at = epoch_of($j->{stored_at});
+ok($at >= $t0 - 0.5 && $at <= $t1 + 0.5 * $slow, '...with its stored_at')
+    or diag "stored_at $j->{stored_at}";
+
+# a completed record of a version that kept no time: its token a lease
+my $oh = sha256_hex("t9\0$run-old");
+write_record("admin:{$oh}", "IDM1\x02" . ("\xab" x 32) . ("\x11" x 8)
+             . "\xc1L" . pack('nN', 0x0190, 0x3c6a_0000)
+             . pack('nN', 201, 0) . pack('NN', 0, 2) . 'ok');
+$j = json(req('GET', "/admin?hash=$oh"));
+is($j->{state}, 'completed', 'a record stored by an earlier version');
+ok(exists $j->{stored_at} && !defined $j->{stored_at},
+   '...stored_at null: it kept no time, and none is made up');
+is($j->{status}, 201, '...and the rest as stored');
 
 # --- an ACL that forbids a command of the view: 503, and the log says why -----
 

@@ -9,9 +9,11 @@
  *  "fingerprint": "...", "sealed": null | {"key_id": ..., "opened": ...,
  *  "detail": ...}, "headers": [[name, value], ...], "body": base64}
  *
- * stored_at is the expiry less idempotency_ttl of this location.  A sealed
- * record that does not open here shows what is clear in it (state, times,
- * fingerprint, the key id), its size and headers null.  Stored names and
+ * stored_at is the time the record's head keeps (null for a record of a
+ * version that kept none, and for claims); expires_at is Redis's PTTL from
+ * now, lease_until a live claim's deadline.  A sealed record that does not
+ * open here shows what is clear in it (state, times, fingerprint, the key
+ * id), its size and headers null.  Stored names and
  * values are any bytes but CR, LF and NUL: every byte from 0x7f up is
  * written \u00XX, so the answer is always JSON, and the bytes come back as
  * the code points of the string (ISO 8859-1).
@@ -54,7 +56,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 {
     u_char                            *p;
     size_t                             len;
-    uint64_t                           now, expires, lease;
+    uint64_t                           now, expires, lease, stored;
     ngx_str_t                          src, dst;
     ngx_buf_t                         *b;
     ngx_uint_t                         status, hsize;
@@ -71,6 +73,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 
     now = ngx_http_idempotency_epoch_msec();
     expires = pttl > 0 ? now + (uint64_t) pttl : 0;
+    stored = ngx_http_idempotency_lease_stored_at(value);
     status = v.rec.status;
 
     state = ngx_http_idempotency_admin_state(v.rec.state, value, now,
@@ -109,14 +112,8 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 
     p = ngx_cpymem(p, ",\"stored_at\":", sizeof(",\"stored_at\":") - 1);
 
-    if (expires && v.rec.state != NGX_HTTP_IDEMPOTENCY_REC_CLAIM
-        && expires > conf->ttl)
-    {
-        p = ngx_http_idempotency_admin_time(p, expires - conf->ttl);
-
-    } else {
-        p = ngx_cpymem(p, "null", 4);
-    }
+    p = stored ? ngx_http_idempotency_admin_time(p, stored)
+               : ngx_cpymem(p, "null", 4);
 
     p = ngx_cpymem(p, ",\"expires_at\":", sizeof(",\"expires_at\":") - 1);
     p = expires ? ngx_http_idempotency_admin_time(p, expires)

@@ -557,28 +557,17 @@ ngx_http_idempotency_store(ngx_http_request_t *r,
 }
 
 
-/* the record as it goes to Redis: sealed where it is, if keys are set */
+/* the record as it goes to Redis (the claim seals it, if keys are set) */
 
 static void
 ngx_http_idempotency_store_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, u_char *rec, size_t len)
 {
-    if (ctx->conf->encrypt_keys
-        && ngx_http_idempotency_crypt_seal(ctx->conf->encrypt_keys,
-                                           &ctx->rkey, rec, &len)
-           != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: cannot seal the record, not stored, "
-                      "key hash %*s",
-                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                      ngx_http_idempotency_key_hash(ctx));
-        ngx_http_idempotency_give_up(r, ctx);
-        return;
-    }
-
     ctx->capturing = 0;
-    ngx_http_idempotency_claim_store(ctx->claim, rec, len);
+
+    if (ngx_http_idempotency_claim_store(ctx->claim, rec, len) != NGX_OK) {
+        ngx_http_idempotency_give_up(r, ctx);
+    }
 }
 
 
@@ -604,8 +593,8 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_build_too_large(buf, ctx->claim->head,
                                          r->headers_out.status);
 
-    ngx_http_idempotency_claim_store(ctx->claim, buf,
-                                     NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
+    ngx_http_idempotency_store_record(r, ctx, buf,
+                                      NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
 }
 
 

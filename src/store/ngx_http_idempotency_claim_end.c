@@ -19,18 +19,45 @@ static void ngx_http_idempotency_owner_lost_done(ngx_http_idempotency_op_t *op,
     redisReply *reply);
 
 
-/* the record, sealed if keys are set, as the key's answer from now on */
+/*
+ * The record (a completed response, or the too-large marker) as the key's
+ * answer from now on.  Its head is told when it was stored, then a
+ * completed record is sealed where it is if the location has keys: the
+ * seal authenticates the head, time included.  NGX_ERROR: it cannot be
+ * sealed (logged), nothing was sent, and the claim has not ended.
+ */
 
-void
+ngx_int_t
 ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
     u_char *value, size_t len)
 {
+    ngx_str_t  info;
+
     if (c->finished) {
-        return;
+        return NGX_OK;
+    }
+
+    ngx_http_idempotency_lease_stored(value);
+
+    if (c->conf->keys
+        && ngx_http_idempotency_head_state(value)
+           != NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE
+        && ngx_http_idempotency_crypt_seal(c->conf->keys, &c->rkey, value,
+                                           &len)
+           != NGX_OK)
+    {
+        ngx_http_idempotency_claim_info(c, &info);
+
+        ngx_log_error(NGX_LOG_ERR, c->log, 0,
+                      "idempotency: cannot seal the record, not stored, %V",
+                      &info);
+        return NGX_ERROR;
     }
 
     ngx_http_idempotency_claim_finish(c, value, len);
     ngx_http_idempotency_replicas_store(c);
+
+    return NGX_OK;
 }
 
 

@@ -7,11 +7,17 @@
  *   owner[8] | 0xC1 | 'L' | u48 deadline (ms since the epoch)
  *   owner[8] | 0xC1 | 'U' | cause status_hi status_lo 0 0 0
  *
+ * and a completed record's or a too-large marker's, from 0.4.0 on,
+ *
+ *   owner[8] | 0xC1 | 'S' | u48 when it was stored (ms since the epoch)
+ *
  * A lease lives as long as its owner: the owner renews it every third of
  * idempotency_lock_ttl while its request is alive.  A lease past its
  * deadline is an owner that died after it may have run the request: read
  * as an unknown outcome, never as a free key.  Both stay state 1 and 53
  * bytes, so a worker that knows only format 1 reads them as in progress.
+ * Nothing reads the token of a stored record but the admin view, so the
+ * time it keeps there is new to no worker: earlier ones replay it as ever.
  */
 
 
@@ -20,6 +26,7 @@
 
 #define NGX_HTTP_IDEMPOTENCY_KIND_LEASE    'L'
 #define NGX_HTTP_IDEMPOTENCY_KIND_UNKNOWN  'U'
+#define NGX_HTTP_IDEMPOTENCY_KIND_STORED   'S'
 
 /* where the mark and the word stand in a claim */
 #define NGX_HTTP_IDEMPOTENCY_MARK_AT   NGX_HTTP_IDEMPOTENCY_OWNER_LEN
@@ -34,6 +41,8 @@ static void ngx_http_idempotency_lease_renew_done(
 static ngx_uint_t ngx_http_idempotency_lease_renewed(
     ngx_http_idempotency_key_op_t *kop, redisReply *reply, u_char *claim);
 static void ngx_http_idempotency_lease_word(u_char *p, uint64_t v);
+static uint64_t ngx_http_idempotency_lease_time(u_char *head,
+    ngx_uint_t kind);
 
 
 /*
@@ -106,6 +115,32 @@ ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
     *p++ = 0;
     *p++ = 0;
     *p = 0;
+}
+
+
+/*
+ * A completed record or a too-large marker, written just before it is
+ * stored: the owner stays, the lease gives way to the time it was stored
+ */
+
+void
+ngx_http_idempotency_lease_stored(u_char *head)
+{
+    head[NGX_HTTP_IDEMPOTENCY_MARK_AT] = NGX_HTTP_IDEMPOTENCY_LEASE_MARK;
+    head[NGX_HTTP_IDEMPOTENCY_MARK_AT + 1] = NGX_HTTP_IDEMPOTENCY_KIND_STORED;
+
+    ngx_http_idempotency_lease_word(head + NGX_HTTP_IDEMPOTENCY_WORD_AT,
+                                    ngx_http_idempotency_epoch_msec());
+}
+
+
+/* when a stored record was stored; 0 for one of a version that kept none */
+
+uint64_t
+ngx_http_idempotency_lease_stored_at(u_char *head)
+{
+    return ngx_http_idempotency_lease_time(head,
+                                           NGX_HTTP_IDEMPOTENCY_KIND_STORED);
 }
 
 
@@ -194,25 +229,37 @@ ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
 uint64_t
 ngx_http_idempotency_lease_deadline(u_char *head)
 {
+    return ngx_http_idempotency_lease_time(head,
+                                           NGX_HTTP_IDEMPOTENCY_KIND_LEASE);
+}
+
+
+/*
+ * The time in a token of that kind; 0 for another kind, or for a word
+ * before this format existed (an older worker's sequence number)
+ */
+
+static uint64_t
+ngx_http_idempotency_lease_time(u_char *head, ngx_uint_t kind)
+{
     u_char      *w;
-    uint64_t     deadline;
+    uint64_t     t;
     ngx_uint_t   i;
 
     if (head[NGX_HTTP_IDEMPOTENCY_MARK_AT] != NGX_HTTP_IDEMPOTENCY_LEASE_MARK
-        || head[NGX_HTTP_IDEMPOTENCY_MARK_AT + 1]
-           != NGX_HTTP_IDEMPOTENCY_KIND_LEASE)
+        || head[NGX_HTTP_IDEMPOTENCY_MARK_AT + 1] != kind)
     {
         return 0;
     }
 
     w = head + NGX_HTTP_IDEMPOTENCY_WORD_AT;
-    deadline = 0;
+    t = 0;
 
     for (i = 0; i < 6; i++) {
-        deadline = deadline << 8 | w[i];
+        t = t << 8 | w[i];
     }
 
-    return deadline < NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH ? 0 : deadline;
+    return t < NGX_HTTP_IDEMPOTENCY_LEASE_EPOCH ? 0 : t;
 }
 
 /*

@@ -513,7 +513,7 @@ ngx_int_t ngx_http_idempotency_claim_wait(ngx_http_idempotency_claim_t *c);
 void ngx_http_idempotency_claim_unwatch(ngx_http_idempotency_claim_t *c);
 
 /* claim_end.c: how a claim won ends, and how one whose request is gone */
-void ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
+ngx_int_t ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
     u_char *value, size_t len);
 void ngx_http_idempotency_claim_unknown(ngx_http_idempotency_claim_t *c,
     ngx_uint_t status);
@@ -732,6 +732,8 @@ void ngx_http_idempotency_lease_unknown(u_char *buf, u_char *claim,
 ngx_uint_t ngx_http_idempotency_lease_read(u_char *head, ngx_uint_t *status,
     uint64_t at, ngx_msec_t margin);
 uint64_t ngx_http_idempotency_lease_deadline(u_char *head);
+void ngx_http_idempotency_lease_stored(u_char *head);
+uint64_t ngx_http_idempotency_lease_stored_at(u_char *head);
 ngx_uint_t ngx_http_idempotency_lease_cause(u_char *value);
 ngx_int_t ngx_http_idempotency_lease_renew(
     ngx_http_idempotency_key_op_t *kop, ngx_str_t *rkey, u_char *claim,
