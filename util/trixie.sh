@@ -353,17 +353,10 @@ newest_setup() {
 }
 
 # the npm libraries the tests install when they are missing, one
-# name@version a line: each driver's `const NAME` and `const VERSION`
-# (t/047's Stripe library, t/068's Standard Webhooks library)
+# name@version a line, as t/lib/npm_cache.js names them (t/047's Stripe
+# library, t/068's Standard Webhooks and Stripe libraries)
 npm_libs() {
-    local f name ver
-    for f in stripe_client.js webhooks.js; do
-        name=$(sed -n "s/^const NAME = '\([^']*\)';.*/\1/p" \
-                   "$top/t/lib/$f" 2>/dev/null | head -1)
-        ver=$(sed -n "s/^const VERSION = '\([^']*\)';.*/\1/p" \
-                  "$top/t/lib/$f" 2>/dev/null | head -1)
-        [ -z "$name" ] || [ -z "$ver" ] || echo "$name@$ver"
-    done
+    node "$top/t/lib/npm_cache.js" list
 }
 
 # copy_checkout DIR: the work tree's tracked and untracked non-ignored

@@ -4,13 +4,18 @@
 // library it held), /var/cache/ngx-idempotency-npm and
 // ~/.cache/ngx-idempotency-npm that has the library, else the first that
 // can be written.  util/trixie.sh installs them into the Debian 13 root,
-// whose runs have no network, at the versions the drivers' `const NAME`
-// and `const VERSION` lines name.
+// whose runs have no network: `node npm_cache.js list` names them.
 'use strict';
 const childProcess = require('child_process');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
+
+// every library a driver may use, at the one version the tests know
+const VERSIONS = {
+  standardwebhooks: '1.3.0',
+  stripe: '23.1.0',
+};
 
 const caches = [process.env.STRIPE_NODE_DIR, '/var/cache/ngx-idempotency-npm',
                 path.join(os.homedir(), '.cache', 'ngx-idempotency-npm')]
@@ -64,20 +69,34 @@ function load(name, version) {
   return require(path.join(dir, 'node_modules', name));
 }
 
-// a driver's command line: "install" installs name@version and prints
-// it; anything else is run(library, args); a failure is one line on
+// a driver's command line: "install" installs the libraries it names
+// and prints name@version of each; anything else is run(libraries, args),
+// libraries by name as require() gives them; a failure is one line on
 // stderr (SCRIPT: why) and exit code 1
-async function main(name, version, script, args, run) {
+async function main(names, script, args, run) {
   try {
     if (args[0] === 'install') {
-      install(name, version);
-      process.stdout.write(`${name}@${version}\n`);
+      for (const name of names) {
+        install(name, VERSIONS[name]);
+        process.stdout.write(`${name}@${VERSIONS[name]}\n`);
+      }
     } else {
-      await run(load(name, version), args);
+      const libs = {};
+      for (const name of names) {
+        libs[name] = load(name, VERSIONS[name]);
+      }
+      await run(libs, args);
     }
   } catch (e) {
     process.stderr.write(`${script}: ${e.message}\n`);
     process.exitCode = 1;
+  }
+}
+
+// node npm_cache.js list: name@version of every library, a line each
+if (require.main === module && process.argv[2] === 'list') {
+  for (const name of Object.keys(VERSIONS)) {
+    process.stdout.write(`${name}@${VERSIONS[name]}\n`);
   }
 }
 

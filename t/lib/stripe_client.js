@@ -1,6 +1,6 @@
-// Stripe's own Node.js library (npm "stripe", the version below) pointed at
-// nginx as its API host, for t/047-stripe-sdk.t and the fault campaign's
-// round (faults/stripe_round.py).
+// Stripe's own Node.js library (npm "stripe", at the version npm_cache.js
+// names) pointed at nginx as its API host, for t/047-stripe-sdk.t and the
+// fault campaign's round (faults/stripe_round.py).
 //
 //   node stripe_client.js install
 //     Installs the library, unless it is there, into a cache outside the
@@ -17,8 +17,6 @@
 'use strict';
 const npmCache = require('./npm_cache');
 
-const NAME = 'stripe';
-const VERSION = '23.1.0';
 
 async function one(edges, key, amounts, i) {
   const out = { key, t0: Date.now() / 1000 };
@@ -48,7 +46,8 @@ async function one(edges, key, amounts, i) {
   return out;
 }
 
-async function run(Stripe, args) {
+async function run(libs, args) {
+  const Stripe = libs.stripe;
   let timeout = 20000;
   if (args[0] === '--timeout') {
     timeout = Number(args[1]);
@@ -69,4 +68,4 @@ async function run(Stripe, args) {
   }
 }
 
-npmCache.main(NAME, VERSION, 'stripe_client.js', process.argv.slice(2), run);
+npmCache.main(['stripe'], 'stripe_client.js', process.argv.slice(2), run);

@@ -1,19 +1,25 @@
 // Webhook senders and a webhook receiver for t/068-webhooks.t, with the
-// official Standard Webhooks library (npm "standardwebhooks", the version
-// below) on both sides: its Webhook class signs (sign(msgId, date,
-// payload)) and verifies (verify(payload, headers)).  Svix signs the same
-// way under svix-* headers; GitHub and Shopify are checked with the HMACs
-// their documentation gives, by node's crypto.
+// official libraries on both sides, at the versions npm_cache.js names:
+// Standard Webhooks' (npm "standardwebhooks"), whose Webhook class signs
+// (sign(msgId, date, payload)) and verifies (verify(payload, headers)),
+// and Stripe's (npm "stripe"), whose webhooks.generateTestHeaderString()
+// signs an event as Stripe does and webhooks.constructEvent() verifies it
+// and parses it.  Svix signs as Standard Webhooks under svix-* headers;
+// GitHub and Shopify are checked with the HMACs their documentation
+// gives, by node's crypto.  Stripe's event id is in the body ("id"), the
+// others' in a header.
 //
 //   node webhooks.js install
-//     Installs the library, unless it is there, into a cache outside the
-//     repository (t/lib/npm_cache.js says which).  Prints the library's
-//     name and version; exits 1 with why on stderr if it cannot.
+//     Installs the libraries, unless they are there, into a cache outside
+//     the repository (t/lib/npm_cache.js says which).  Prints the
+//     libraries' names and versions; exits 1 with why on stderr if it
+//     cannot.
 //
 //   node webhooks.js origin PORT LOG
 //     The receiver: listens on 127.0.0.1:PORT, prints "ready", and answers
-//     POST .../SENDER (standard, svix, github, shopify: the last segment
-//     of the path).  A delivery whose signature does not verify gets 400
+//     POST .../SENDER (standard, svix, github, shopify, stripe: the last
+//     segment of the path).  A delivery whose signature does not verify
+//     gets 400
 //     {"error": why}; one that does is an execution, numbered per sender
 //     and event id, and gets 200 {"event", "run", "previous"} ("previous":
 //     the Idempotency-Previous-Outcome header, or null).  Every delivery
@@ -41,28 +47,50 @@ const fs = require('fs');
 const http = require('http');
 const npmCache = require('./npm_cache');
 
-const NAME = 'standardwebhooks';
-const VERSION = '1.3.0';
 
 // each sender's signing secret, and the one a forger signs with
 function secrets(word) {
   const standard = 'whsec_'
     + Buffer.from(`standard webhooks ${word} secret`).toString('base64');
   return { standard, svix: standard, github: `github ${word} secret`,
-           shopify: `shopify ${word} secret` };
+           shopify: `shopify ${word} secret`,
+           stripe: `whsec_stripe_${word}_secret` };
 }
 const SECRET = secrets('test');
 const FORGED = secrets('forged');
 // the header that names the event: the key of each sender's recipe
+// (Stripe's is the body's "id")
 const ID_HEADER = { standard: 'webhook-id', svix: 'svix-id',
                     github: 'X-GitHub-Delivery',
                     shopify: 'X-Shopify-Webhook-Id' };
+
+// a Stripe client: its webhooks sign and verify, with no API call
+let stripeClient;
+function stripeOf(libs) {
+  stripeClient = stripeClient || new libs.stripe('sk_test_webhooks');
+  return stripeClient;
+}
+
+// the event id of a Stripe event's body, or "-"
+function bodyId(body) {
+  try {
+    return JSON.parse(body.toString('utf8')).id || '-';
+  } catch (e) {
+    return '-';
+  }
+}
 
 const hmac = (secret, body) => crypto.createHmac('sha256', secret)
   .update(body);
 
 // the headers SENDER puts on a delivery of BODY (a Buffer) for event ID
-function sign(lib, sender, secret, id, body, when, hook) {
+function sign(libs, sender, secret, id, body, when, hook) {
+  if (sender === 'stripe') {
+    return { 'Stripe-Signature': stripeOf(libs).webhooks
+      .generateTestHeaderString({
+      payload: body.toString('utf8'), secret,
+      timestamp: Math.floor(when.getTime() / 1000) }) };
+  }
   if (sender === 'github') {
     return { [ID_HEADER.github]: id, 'X-GitHub-Event': 'push',
              'X-GitHub-Hook-ID': hook || '1',
@@ -74,7 +102,7 @@ function sign(lib, sender, secret, id, body, when, hook) {
              'X-Shopify-Hmac-Sha256': hmac(secret, body).digest('base64') };
   }
   const p = sender === 'svix' ? 'svix' : 'webhook';
-  const wh = new lib.Webhook(secret);
+  const wh = new libs.standardwebhooks.Webhook(secret);
   return { [`${p}-id`]: id,
            [`${p}-timestamp`]: String(Math.floor(when.getTime() / 1000)),
            [`${p}-signature`]: wh.sign(id, when, body) };
@@ -82,8 +110,12 @@ function sign(lib, sender, secret, id, body, when, hook) {
 
 // the event id of a delivery to SENDER whose signature verifies, else
 // throws why
-function verify(lib, sender, headers, body) {
+function verify(libs, sender, headers, body) {
   const h = (name) => headers[name.toLowerCase()] || '';
+  if (sender === 'stripe') {
+    return stripeOf(libs).webhooks.constructEvent(
+      body, h('Stripe-Signature'), SECRET.stripe).id;
+  }
   const same = (a, b) => a.length === b.length
     && crypto.timingSafeEqual(Buffer.from(a), Buffer.from(b));
   if (sender === 'github') {
@@ -102,13 +134,13 @@ function verify(lib, sender, headers, body) {
   }
   // Svix's headers are Standard Webhooks' under another prefix
   const p = sender === 'svix' ? 'svix' : 'webhook';
-  new lib.Webhook(SECRET[sender]).verify(body, {
+  new libs.standardwebhooks.Webhook(SECRET[sender]).verify(body, {
     'webhook-id': h(`${p}-id`), 'webhook-timestamp': h(`${p}-timestamp`),
     'webhook-signature': h(`${p}-signature`) });
   return h(`${p}-id`);
 }
 
-function origin(lib, port, log) {
+function origin(libs, port, log) {
   const runs = new Map();
   const server = http.createServer((req, res) => {
     const chunks = [];
@@ -125,11 +157,12 @@ function origin(lib, port, log) {
         if (!SECRET[sender]) {
           throw new Error(`no sender "${sender}"`);
         }
-        id = verify(lib, sender, req.headers, body);
+        id = verify(libs, sender, req.headers, body);
       } catch (e) {
         const named = ID_HEADER[sender] || 'webhook-id';
-        fs.appendFileSync(log, `rejected ${sender} `
-          + `${req.headers[named.toLowerCase()] || '-'}\n`);
+        const said = sender === 'stripe' ? bodyId(body)
+          : req.headers[named.toLowerCase()] || '-';
+        fs.appendFileSync(log, `rejected ${sender} ${said}\n`);
         answer(400, { error: e.message });
         return;
       }
@@ -161,11 +194,11 @@ function origin(lib, port, log) {
   }, 500).unref();
 }
 
-function deliver(lib, port, d, n) {
+function deliver(libs, port, d, n) {
   const body = Buffer.from(d.body, 'utf8');
   const when = new Date(Date.now() - (d.age === undefined ? n : d.age) * 1000);
   const secret = (d.bad ? FORGED : SECRET)[d.sender];
-  const headers = sign(lib, d.sender, secret, d.id, body, when, d.hook);
+  const headers = sign(libs, d.sender, secret, d.id, body, when, d.hook);
   if (d.noid) {
     delete headers[ID_HEADER[d.sender]];
   }
@@ -193,22 +226,23 @@ function deliver(lib, port, d, n) {
   });
 }
 
-async function send(lib, port, file) {
+async function send(libs, port, file) {
   const all = JSON.parse(fs.readFileSync(file, 'utf8'));
-  const out = await Promise.all(all.map((d, n) => deliver(lib, port, d, n)));
+  const out = await Promise.all(all.map((d, n) => deliver(libs, port, d, n)));
   for (const o of out) {
     process.stdout.write(JSON.stringify(o) + '\n');
   }
 }
 
-async function run(lib, args) {
+async function run(libs, args) {
   if (args[0] === 'origin') {
-    origin(lib, args[1], args[2]);
+    origin(libs, args[1], args[2]);
   } else if (args[0] === 'send') {
-    await send(lib, args[1], args[2]);
+    await send(libs, args[1], args[2]);
   } else {
     throw new Error('usage: install | origin PORT LOG | send PORT FILE');
   }
 }
 
-npmCache.main(NAME, VERSION, 'webhooks.js', process.argv.slice(2), run);
+npmCache.main(['standardwebhooks', 'stripe'], 'webhooks.js',
+              process.argv.slice(2), run);
