@@ -17,7 +17,7 @@
 #                   header; figures: docs/performance.md)
 #   make fuzz       libFuzzer targets, FUZZ_SECONDS (300) each (fuzz/README.md)
 #   make torture    faults, load, reload, soak at full size, the fault
-#                   campaign, then 5 min of fuzzing per parser (about 15 min)
+#                   campaign, then 5 min of fuzzing per parser (about 20 min)
 #   make faults     the fault campaign (faults/campaign.py, about 3 min):
 #                   retried POSTs through two nginx under one fault per
 #                   round, every key judged; regenerates docs/faults.md
@@ -118,7 +118,7 @@ torture: deps
 	    t/007-input.t t/020-torture.t t/030-soak.t" \
 	    ./util/test.sh "$(MODULE)"
 	./faults/run.sh "$(MODULE)"
-	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh key record
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} ./fuzz/run.sh key record json
 
 faults: deps
 	$(MAKE) module

@@ -5,6 +5,7 @@
 #   fuzz_record     ngx_http_idempotency_record_decode()    (record.c)
 #   fuzz_roundtrip  capture_header() -> record_decode()     (record.c)
 #   fuzz_resp       ngx_http_idempotency_resp_replace()     (resp.c)
+#   fuzz_json       the JSON pointer and body scanner       (json*.c)
 #
 # The nginx headers come from the configure tree "make module" leaves in
 # build/nginx (NGX_TREE to override).  That tree is rm -rf'd and recreated by
@@ -69,3 +70,6 @@ build fuzz_roundtrip "$top/fuzz/fuzz_roundtrip.c" \
                      "$src/http/ngx_http_idempotency_capture.c"
 build fuzz_resp      "$top/fuzz/fuzz_resp.c" \
                      "$src/redis/ngx_http_idempotency_resp.c"
+build fuzz_json      "$top/fuzz/fuzz_json.c" \
+                     "$src/http/ngx_http_idempotency_json.c" \
+                     "$src/http/ngx_http_idempotency_json_string.c"

@@ -3,7 +3,7 @@
 # (default 300), and prints executions, coverage and corpus size of each.
 # Exits non-zero if any target crashed (or if a saved crash still does).
 #
-#   fuzz/run.sh [--merge] [target...]  targets: key record roundtrip resp
+#   fuzz/run.sh [--merge] [target...]  targets: key record roundtrip resp json
 #
 #   FUZZ_SECONDS   time per target (libFuzzer -max_total_time)
 #   FUZZ_ARGS      more libFuzzer flags, e.g. "-max_len=4096"
@@ -30,7 +30,7 @@ if [ "${1:-}" = "--merge" ]; then
 fi
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(key record roundtrip resp)
+[ ${#targets[@]} -eq 0 ] && targets=(key record roundtrip resp json)
 
 if [ -z "${FUZZ_NO_BUILD:-}" ]; then
     "$fz/../util/deps.sh" clang libclang-rt-14-dev || exit 1

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-k=corpus/key r=corpus/record t=corpus/roundtrip s=corpus/resp
-mkdir -p "$k" "$r" "$t" "$s"
+k=corpus/key r=corpus/record t=corpus/roundtrip s=corpus/resp j=corpus/json
+mkdir -p "$k" "$r" "$t" "$s" "$j"
 
 # --- key: byte 0 is max - 1 (0xff: 1024), then the header value -----------
 key() { perl -e 'print pack("C", shift), shift' "$1" "$2" > "$k/seed-$3"; }
@@ -79,3 +79,46 @@ rt 0 222   4096 "$(printf '\x7fdeleted')" 'v' 'Date' 'x' 'CONTENT-LENGTH' '9' \
 printf '\x02EVALSHA\nabc\n1\nkey\nXYZ'                       > "$s/seed-evalsha"
 printf '\x04SET\nkey\nvalue\nIFEQ\nold\nGET\nPX\n5\nnewclaim'  > "$s/seed-native"
 printf '\x84*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n'       > "$s/seed-raw"
+
+# --- json: byte 0 is max - 1 (0xff: 1024), the pointer, LF, the body -------
+js() { perl -e 'print pack("C", shift), shift, "\n", shift' "$1" "$2" "$3" \
+           > "$j/seed-$4"; }
+js 254 /id '{"id":"8e0bd6c4-04a1-4a9f-9d2c-61a1f2e1b7c3"}'  string
+js 254 /id '{"id":-12}'                                     integer
+js 254 /data/object/id \
+    '{"type":"charge.succeeded","data":{"object":{"id":"ch_1","amount":1e3,
+    "tags":["a","b"],"ok":true,"none":null}},"id":"evt_1"}'   nested
+js 254 '/a~1b/~0c/1' '{"a/b":{"~c":["k",17]}}'              escaped-pointer
+js 254 /items/0 '{"items":{"0":"by name"}}'                 index-as-name
+js 254 /items/1 '[{"items":0},{"items":["x","y"]}]'         array-miss
+js 254 /items/- '{"items":["v"]}'                           dash
+js 254 / '{"":"empty name"}'                                empty-token
+js 254 /id '{"id":"a","id":"b"}'                            twice
+js 254 /data/id '{"data":{},"data":{"id":"x"}}'             twice-above
+js 254 /id '{"\u0069d":"A\u0042\/\"\\"}'                    escapes
+js 254 /id '{"id":"\ud83d\ude00"}'                          surrogates
+js 254 /x '{"id":"\ud83d","x":1}'                           lone-high
+js 254 /x '{"\udc00":1}'                                    lone-low
+js 254 /x '{"\ud83d\ue000":1}'                              high-not-low
+js 254 /id '{"id":1.5e-3}'                                  fraction
+js 254 /id '{"id":[true,false,null]}'                       array
+js 254 /id '{"id":{}}'                                      object
+js 254 /id '{"id":""}'                                      empty
+js 2   /id '{"id":"abcd"}'                                  too-long
+js 254 /id '{"id":"x",}'                                    trailing-comma
+js 254 /id '{"id":"x"} {}'                                  two-values
+js 254 /id '  -0.5e+7 '                                     top-number
+js 254 /id ''                                               no-body
+js 254 /id '{"id":"x"'                                      truncated
+js 254 ''  '{}'                                             whole-document
+js 254 /a~2 '{}'                                            bad-tilde
+js 254 /id "$(perl -e 'print "[" x 64, "]" x 64')"          depth-64
+js 254 /id "$(perl -e 'print "[" x 65, "]" x 65')"          depth-65
+js 254 "$(perl -e 'print "/0" x 64')" \
+    "$(perl -e 'print "[" x 64, "1", "]" x 64')"            pointer-64
+perl -e 'print "\xfe/id\n{\"id\":\"caf\xc3\xa9\",\"\xf0\x9f\x98\x80\":1}"' \
+    > "$j/seed-utf8"
+perl -e 'print "\xfe/id\n{\"a\":\"\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80\"}"' \
+    > "$j/seed-bad-utf8"
+perl -e 'print "\xfe/id\n\xef\xbb\xbf{\"id\":\"bom\"}"' > "$j/seed-bom"
+perl -e 'print "\xfe/id\n{\"id\":\"a\x01b\"}"'          > "$j/seed-control"
