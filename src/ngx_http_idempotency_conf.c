@@ -671,3 +671,56 @@ ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #endif
 }
+
+
+/*
+ * idempotency_key_json_pointer POINTER | off: the key is that member of
+ * the request's JSON body (RFC 6901), in place of the header's; "off"
+ * stops an inherited one (a pointer always starts with "/")
+ */
+
+char *
+ngx_http_idempotency_key_json_pointer(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    char                                 *err;
+    ngx_str_t                            *value;
+    ngx_http_idempotency_json_pointer_t  *ptr;
+
+    if (ilcf->json_pointer != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+        ilcf->json_pointer = NULL;
+        return NGX_CONF_OK;
+    }
+
+    ptr = ngx_palloc(cf->pool, sizeof(ngx_http_idempotency_json_pointer_t));
+    if (ptr == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    err = NULL;
+
+    if (ngx_http_idempotency_json_pointer_parse(cf->pool, &value[1], ptr,
+                                                &err)
+        != NGX_OK)
+    {
+        if (err) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid JSON pointer \"%V\" in \"%V\": %s",
+                               &value[1], &cmd->name, err);
+        }
+
+        return NGX_CONF_ERROR;
+    }
+
+    ilcf->json_pointer = ptr;
+
+    return NGX_CONF_OK;
+}

@@ -165,6 +165,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_key_json_pointer"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_key_json_pointer,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("idempotency_scope"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_set_complex_value_slot,
@@ -539,6 +546,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     conf->key = NGX_CONF_UNSET_PTR;
     conf->key_max_length = NGX_CONF_UNSET_SIZE;
     conf->key_pattern = NGX_CONF_UNSET_PTR;
+    conf->json_pointer = NGX_CONF_UNSET_PTR;
     conf->scope = NGX_CONF_UNSET_PTR;
     conf->required = NGX_CONF_UNSET;
     conf->ttl = NGX_CONF_UNSET_MSEC;
@@ -588,6 +596,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               255);
 
     ngx_conf_merge_ptr_value(conf->key_pattern, prev->key_pattern, NULL);
+    ngx_conf_merge_ptr_value(conf->json_pointer, prev->json_pointer, NULL);
     ngx_conf_merge_ptr_value(conf->scope, prev->scope, NULL);
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  (NGX_CONF_BITMASK_SET

@@ -32,6 +32,8 @@ char *ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+char *ngx_http_idempotency_key_json_pointer(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,

@@ -6,7 +6,8 @@
 # outside the repository, as t/047 does Stripe's): every delivery is
 # signed afresh as a sender signs a redelivery, and the receiver verifies
 # it (Standard Webhooks and Svix with the library, GitHub and Shopify with
-# their documented HMACs), answers 400 to a bad signature, counts its
+# their documented HMACs, Stripe with Stripe's own library, which reads
+# the event's id from the body), answers 400 to a bad signature, counts its
 # executions per event id, and holds or fails an execution when the
 # event's payload asks it to.  Variants of the recipe (a line changed,
 # the path renamed) show what each line is for.
@@ -340,6 +341,65 @@ for my $sender (qw(svix github shopify)) {
             is(count('verified', 'standard', $id), 1, '...and nothing runs');
         }
     }
+}
+
+# --- 6. Stripe: the event's id in its body, signed by Stripe's library
+{
+    # a Stripe event; "test" steers the receiver as for the others
+    my $event = sub {
+        my ($id, %test) = @_;
+        my $test = %test ? ",\n  \"test\": "
+            . JSON::PP->new->canonical->encode(\%test) : '';
+        return "{\n  \"id\": \"$id\",\n  \"object\": \"event\",\n"
+            . "  \"type\": \"payment_intent.succeeded\",\n"
+            . "  \"data\": { \"object\": { \"id\": \"pi_$run\", "
+            . "\"description\": \"café ✓\" } }$test\n}\n";
+    };
+    my $id = "evt_${run}_once";
+    my $body = $event->($id, hold_ms => $hold);
+    my @first = deliver(map { d('stripe', $id, $body) } 1 .. 5);
+    my @later = map { sleep 0.1; deliver(d('stripe', $id, $body)) } 1 .. 3;
+    is(statuses(@first, @later), join(' ', ('200') x 8),
+       'stripe: 5 deliveries at once and 3 later, each signed afresh, '
+       . 'get 200');
+    is(bodies(@first, @later), 1, '...the same body');
+    ok(!grep({ $_->{ms} < 0.6 * $hold } @first),
+       '...the duplicates overlapped the first execution');
+    is(count('verified', 'stripe', $id), 1,
+       '...constructEvent() verified one execution: the id came from /id');
+
+    $id = "evt_${run}_500";
+    $body = $event->($id, fail_runs => 1);
+    my ($a) = deliver(d('stripe', $id, $body));
+    my ($b) = deliver(d('stripe', $id, $body));
+    my ($c) = deliver(d('stripe', $id, $body));
+    ok($a->{status} == 500 && $b->{status} == 200 && !$b->{replayed}
+       && $c->{replayed} && $c->{body} eq $b->{body},
+       'stripe: a 500 is not stored, the redelivery runs and is stored')
+        or diag explain [$a, $b, $c];
+    is(count('verified', 'stripe', $id), 2, '...run twice in all');
+
+    $id = "evt_${run}_forged";
+    $body = $event->($id);
+    ($a) = deliver(d('stripe', $id, $body, bad => 1));
+    like($a->{body}, qr/No signatures found matching the expected signature/,
+         'stripe: a forged delivery gets constructEvent()\'s refusal');
+    ($b) = deliver(d('stripe', $id, $body));
+    ok($b->{status} == 200 && !$b->{replayed},
+       '...and the genuine one then runs');
+
+    my $before = () = lines_of($log);
+    (my $noid = $body) =~ s/"id": "\Q$id\E",\n//;
+    ($a) = deliver(d('stripe', $id, $noid));
+    ok($a->{status} == 400 && $a->{body} =~ /missing-key/
+       && $a->{body} =~ /no member at \/id/,
+       'stripe: an event without an id: 400 missing-key, naming /id')
+        or diag explain $a;
+    ($b) = deliver(d('stripe', $id, 'not json'));
+    ok($b->{status} == 400 && $b->{body} =~ /invalid-key/,
+       '...a body that is not JSON: 400 invalid-key');
+    is(scalar(() = lines_of($log)), $before,
+       '...neither reaches the receiver');
 }
 
 is(scalar log_problems("$dir/logs/error.log"), 0, 'no crash or alert');

@@ -15,6 +15,9 @@ static ngx_http_idempotency_ctx_t *ngx_http_idempotency_redirected(
     ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf);
+static ngx_int_t ngx_http_idempotency_header_key(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf,
+    ngx_http_idempotency_ctx_t **ctxp);
 static ngx_int_t ngx_http_idempotency_get_key(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_str_t *key);
 static ngx_http_idempotency_ctx_t *ngx_http_idempotency_create_ctx(
@@ -130,6 +133,77 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf)
 {
     ngx_int_t                    rc;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = NULL;
+
+    if (conf->json_pointer) {
+        /* the key is in the body: known once the body has been read */
+
+        ctx = ngx_http_idempotency_create_ctx(r, conf);
+        if (ctx == NULL
+            || ngx_http_idempotency_body_key_start(r, ctx) != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+    } else {
+        rc = ngx_http_idempotency_header_key(r, conf, &ctx);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+    }
+
+    ctx->claim = ngx_http_idempotency_claim_create(r->pool,
+                                                   r->connection->log);
+    if (ctx->claim == NULL
+        || ngx_http_idempotency_fingerprint_start(r, ctx) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* a body another module already read was not seen by our filter */
+
+    if (r->request_body
+        && ngx_http_idempotency_fingerprint_update(ctx, r->request_body->bufs)
+           != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the request body was read to a file "
+                      "before the idempotency phase, cannot fingerprint it");
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* until the body is read, a failure is the client's (400, 413, 408) */
+    ctx->status = NGX_HTTP_IDEMPOTENCY_INVALID;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_READING_BODY;
+
+    rc = ngx_http_read_client_request_body(r,
+                                           ngx_http_idempotency_body_handler);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
+        return rc;
+    }
+
+    ngx_http_finalize_request(r, NGX_DONE);
+
+    return NGX_DONE;
+}
+
+
+/*
+ * The key of the Idempotency-Key header or of idempotency_key, checked,
+ * and the record key made of it.  NGX_OK: *ctxp is the request's ctx;
+ * else what the phase handler returns: NGX_DECLINED, no key and none
+ * required; an answer sent (the key refused) or an error.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_header_key(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_ctx_t **ctxp)
+{
+    ngx_int_t                    rc;
     ngx_str_t                    raw, key;
     ngx_http_idempotency_ctx_t  *ctx;
 
@@ -168,14 +242,39 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return ngx_http_idempotency_invalid_key(r, ctx, rc, &raw, &key);
     }
 
+    rc = ngx_http_idempotency_key_allowed(r, ctx, &raw, &key);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    *ctxp = ctx;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A key of the right syntax, from the header or the body: the API's own
+ * rule (idempotency_key_pattern), then the record key.  NGX_OK, or what
+ * the phase handler returns.
+ */
+
+ngx_int_t
+ngx_http_idempotency_key_allowed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *raw, ngx_str_t *key)
+{
 #if (NGX_PCRE)
+    ngx_int_t                         rc;
+    ngx_http_idempotency_loc_conf_t  *conf;
+
+    conf = ctx->conf;
 
     if (conf->key_pattern) {
-        rc = ngx_regex_exec(conf->key_pattern->regex, &key, NULL, 0);
+        rc = ngx_regex_exec(conf->key_pattern->regex, key, NULL, 0);
 
         if (rc == NGX_REGEX_NO_MATCHED) {
             return ngx_http_idempotency_invalid_key(r, ctx, NGX_DECLINED,
-                                                    &raw, &key);
+                                                    raw, key);
         }
 
         if (rc < 0) {
@@ -189,45 +288,11 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 
 #endif
 
-    ctx->claim = ngx_http_idempotency_claim_create(r->pool,
-                                                   r->connection->log);
-    if (ctx->claim == NULL) {
+    if (ngx_http_idempotency_record_key(r, ctx, key) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (ngx_http_idempotency_record_key(r, ctx, &key) != NGX_OK
-        || ngx_http_idempotency_fingerprint_start(r, ctx) != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    /* a body another module already read was not seen by our filter */
-
-    if (r->request_body
-        && ngx_http_idempotency_fingerprint_update(ctx, r->request_body->bufs)
-           != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the request body was read to a file "
-                      "before the idempotency phase, cannot fingerprint it");
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    /* until the body is read, a failure is the client's (400, 413, 408) */
-    ctx->status = NGX_HTTP_IDEMPOTENCY_INVALID;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_ST_READING_BODY;
-
-    rc = ngx_http_read_client_request_body(r,
-                                           ngx_http_idempotency_body_handler);
-
-    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
-        ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DONE;
-        return rc;
-    }
-
-    ngx_http_finalize_request(r, NGX_DONE);
-
-    return NGX_DONE;
+    return NGX_OK;
 }
 
 
@@ -351,8 +416,6 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_idempotency_claim_setup(r, ctx);
-
     ctx->state = NGX_HTTP_IDEMPOTENCY_ST_BODY_DONE;
 
     /* a request with a key is never "bypass", even if its client leaves */
@@ -394,6 +457,17 @@ static ngx_int_t
 ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
+    ngx_int_t  rc;
+
+    if (ctx->json) {
+        rc = ngx_http_idempotency_body_key_end(r, ctx);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+    }
+
+    ngx_http_idempotency_claim_setup(r, ctx);
+
     if (ngx_http_idempotency_claim_start(ctx->claim) != NGX_AGAIN) {
         ctx->decision = NGX_HTTP_IDEMPOTENCY_ANSWER_ERROR;
         ctx->state = NGX_HTTP_IDEMPOTENCY_ST_DECIDED;

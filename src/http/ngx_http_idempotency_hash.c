@@ -235,7 +235,10 @@ ngx_http_idempotency_key_name(ngx_http_request_t *r,
 }
 
 
-/* the fingerprint: SHA-256 over method, request URI and the raw body */
+/*
+ * the fingerprint: SHA-256 over method, request URI and the raw body; the
+ * body's bytes go to the scanner of a key in the body as well (body_key.c)
+ */
 
 ngx_int_t
 ngx_http_idempotency_fingerprint_start(ngx_http_request_t *r,
@@ -289,6 +292,10 @@ ngx_http_idempotency_fingerprint_update(ngx_http_idempotency_ctx_t *ctx,
 
         if (EVP_DigestUpdate(ctx->md, b->pos, b->last - b->pos) != 1) {
             return NGX_ERROR;
+        }
+
+        if (ctx->json) {
+            ngx_http_idempotency_json_feed(ctx->json, b->pos, b->last);
         }
     }
 

@@ -13,6 +13,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_store.h"
+#include "ngx_http_idempotency_json.h"
 
 
 /* what the owner's upstream did (outcome.c) */
@@ -64,7 +65,6 @@ typedef enum {
 } ngx_http_idempotency_problem_e;
 
 
-/* an RFC 9457 problem: the status, the code (also the type's fragment) */
 /* idempotency_key_pattern: compiled once (conf.c), shown in the detail */
 typedef struct {
 #if (NGX_PCRE)
@@ -74,6 +74,7 @@ typedef struct {
 } ngx_http_idempotency_key_pattern_t;
 
 
+/* an RFC 9457 problem: the status, the code (also the type's fragment) */
 typedef struct {
     ngx_uint_t                       status;
     ngx_str_t                        name;
@@ -107,6 +108,7 @@ typedef struct {
     ngx_http_complex_value_t        *key;        /* NULL: the header */
     size_t                           key_max_length;
     ngx_http_idempotency_key_pattern_t  *key_pattern;   /* NULL: any */
+    ngx_http_idempotency_json_pointer_t *json_pointer;  /* NULL: header */
     ngx_http_complex_value_t        *scope;
     ngx_http_idempotency_secret_t   *secret;     /* NULL: plain SHA-256 */
     ngx_array_t                     *encrypt_keys;   /* crypt.c, or NULL */
@@ -181,6 +183,7 @@ struct ngx_http_idempotency_ctx_s {
     ngx_uint_t                       status;     /* $idempotency_status */
 
     EVP_MD_CTX                      *md;
+    ngx_http_idempotency_json_t     *json;       /* the key in the body */
     ngx_str_t                        rkey;
     ngx_str_t                        request_line;   /* for logs */
 
@@ -267,6 +270,8 @@ ngx_int_t ngx_http_idempotency_reject_detail(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_int_t rc, ngx_str_t *raw,
     ngx_str_t *key);
+ngx_int_t ngx_http_idempotency_key_allowed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *raw, ngx_str_t *key);
 ngx_int_t ngx_http_idempotency_send_problem_detail(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_uint_t problem,
     ngx_uint_t unknown_status, ngx_str_t *detail);
@@ -283,6 +288,12 @@ ngx_int_t ngx_http_idempotency_send_replay(ngx_http_request_t *r,
 /* key.c */
 ngx_int_t ngx_http_idempotency_parse_key(ngx_str_t *in, ngx_str_t *out,
     size_t max);
+
+/* body_key.c: the key read from the JSON body */
+ngx_int_t ngx_http_idempotency_body_key_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_body_key_end(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 
 /* hash.c */
 ngx_int_t ngx_http_idempotency_hash_init(ngx_cycle_t *cycle);

@@ -617,20 +617,30 @@ ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
 {
     u_char     *p;
     size_t      max;
-    ngx_str_t   detail, *pattern;
+    ngx_str_t   detail, *pattern, *ptr;
 
     max = ctx->conf->key_max_length;
     pattern = NULL;
+    ptr = NULL;
 
     if (rc == NGX_DECLINED) {
-        /* the operator's text: escaped for JSON */
+        /* the operator's texts: escaped for JSON */
         pattern = &ctx->conf->key_pattern->text;
+
+        if (ctx->conf->json_pointer) {
+            ptr = &ctx->conf->json_pointer->text;
+        }
     }
 
     p = ngx_pnalloc(r->pool, 256 + (pattern
                                     ? ngx_escape_json(NULL, pattern->data,
                                                       pattern->len)
                                       + pattern->len
+                                    : 0)
+                                 + (ptr
+                                    ? ngx_escape_json(NULL, ptr->data,
+                                                      ptr->len)
+                                      + ptr->len
                                     : 0));
     if (p == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -643,11 +653,21 @@ ngx_http_idempotency_invalid_key(ngx_http_request_t *r,
                       "idempotency: key rejected: does not match "
                       "idempotency_key_pattern, %uz bytes", key->len);
 
-        p = ngx_cpymem(p, "The Idempotency-Key does not have the form this "
-                          "API accepts: it must match the pattern ",
-                       sizeof("The Idempotency-Key does not have the form "
-                              "this API accepts: it must match the "
-                              "pattern ") - 1);
+        if (ptr) {
+            p = ngx_cpymem(p, "The key at ", sizeof("The key at ") - 1);
+            p = (u_char *) ngx_escape_json(p, ptr->data, ptr->len);
+            p = ngx_cpymem(p, " of the JSON body",
+                           sizeof(" of the JSON body") - 1);
+
+        } else {
+            p = ngx_cpymem(p, "The Idempotency-Key",
+                           sizeof("The Idempotency-Key") - 1);
+        }
+
+        p = ngx_cpymem(p, " does not have the form this API accepts: it "
+                          "must match the pattern ",
+                       sizeof(" does not have the form this API accepts: "
+                              "it must match the pattern ") - 1);
         p = (u_char *) ngx_escape_json(p, pattern->data, pattern->len);
         *p++ = '.';
 
