@@ -314,12 +314,11 @@ static ngx_buf_t *
 ngx_http_idempotency_list_page(ngx_http_idempotency_list_ctx_t *ctx,
     ngx_http_idempotency_scan_t *scan)
 {
-    u_char                           *p, *head;
-    uint64_t                          lease;
+    u_char                           *p;
     ngx_buf_t                        *b;
     ngx_str_t                        *want;
-    ngx_uint_t                        i, n, kind, status;
-    const char                       *state;
+    ngx_uint_t                        i, n;
+    ngx_http_idempotency_view_t       v;
     ngx_http_idempotency_scan_key_t  *k;
 
     want = &ngx_http_idempotency_list_states[ctx->state];
@@ -338,40 +337,35 @@ ngx_http_idempotency_list_page(ngx_http_idempotency_list_ctx_t *ctx,
 
     for (i = 0; i < scan->nkeys; i++) {
         k = &scan->keys[i];
-        head = k->head;
 
         /* gone since the SCAN, or no record of this module */
 
-        if (k->pttl == -2 || !ngx_http_idempotency_head_valid(head, k->len))
+        if (k->pttl == -2
+            || ngx_http_idempotency_view_head(k->head, k->len, scan->at,
+                                              ctx->conf->lock_ttl / 3, &v)
+               != NGX_OK)
         {
             continue;
         }
 
-        kind = ngx_http_idempotency_head_state(head);
-        status = 0;
-        state = ngx_http_idempotency_admin_state(kind, head, scan->at,
-                                                 ctx->conf->lock_ttl / 3,
-                                                 &status, &lease);
-
         if (ctx->state != NGX_HTTP_IDEMPOTENCY_LIST_ALL
-            && ngx_strcmp(state, want->data) != 0)
+            && ngx_strcmp(v.state, want->data) != 0)
         {
             continue;
         }
 
         p = ngx_sprintf(p, "%s{\"hash\":\"%*s\",\"state\":\"%s\",\"status\":",
                         n++ ? "," : "", (size_t) NGX_HTTP_IDEMPOTENCY_HEX_LEN,
-                        k->hash, state);
-        p = status ? ngx_sprintf(p, "%ui", status) : ngx_cpymem(p, "null", 4);
+                        k->hash, v.state);
+        p = v.status ? ngx_sprintf(p, "%ui", v.status)
+                     : ngx_cpymem(p, "null", 4);
         p = ngx_cpymem(p, ",\"ttl_ms\":", sizeof(",\"ttl_ms\":") - 1);
         p = k->pttl >= 0 ? ngx_sprintf(p, "%L", (int64_t) k->pttl)
                          : ngx_cpymem(p, "null", 4);
         p = ngx_cpymem(p, ",\"lease_until\":", sizeof(",\"lease_until\":") - 1);
-        p = lease ? ngx_http_idempotency_admin_time(p, lease)
-                  : ngx_cpymem(p, "null", 4);
-        p = ngx_sprintf(p, ",\"sealed\":%s}",
-                        kind == NGX_HTTP_IDEMPOTENCY_REC_SEALED
-                        ? "true" : "false");
+        p = v.lease_until ? ngx_http_idempotency_admin_time(p, v.lease_until)
+                          : ngx_cpymem(p, "null", 4);
+        p = ngx_sprintf(p, ",\"sealed\":%s}", v.sealed ? "true" : "false");
     }
 
     p = ngx_cpymem(p, "],\"next_cursor\":", sizeof("],\"next_cursor\":") - 1);

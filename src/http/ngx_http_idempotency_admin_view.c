@@ -23,21 +23,8 @@
 #include "ngx_http_idempotency_http.h"
 
 
-/* what could be read of a record: all of it, or a sealed one's head */
-typedef struct {
-    ngx_http_idempotency_record_t    rec;
-    ngx_str_t                        id;         /* a sealed one's key id */
-    ngx_int_t                        sealed;     /* NGX_DECLINED: clear */
-    ngx_uint_t                       opened;
-    const char                      *why;        /* not opened: why */
-} ngx_http_idempotency_admin_rec_t;
-
-
-static ngx_int_t ngx_http_idempotency_admin_open(
-    ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
-    u_char *value, size_t vlen, ngx_http_idempotency_admin_rec_t *v);
 static u_char *ngx_http_idempotency_admin_sealed(u_char *p,
-    ngx_http_idempotency_admin_rec_t *v);
+    ngx_http_idempotency_view_t *v);
 static u_char *ngx_http_idempotency_admin_headers(u_char *p,
     ngx_http_idempotency_record_t *rec);
 static u_char *ngx_http_idempotency_admin_escape(u_char *dst, u_char *src,
@@ -54,37 +41,36 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
     ngx_buf_t **out)
 {
-    u_char                            *p;
-    size_t                             len;
-    uint64_t                           now, expires, lease, stored;
-    ngx_str_t                          src, dst;
-    ngx_buf_t                         *b;
-    ngx_uint_t                         status, hsize;
-    const char                        *state;
-    ngx_http_idempotency_admin_rec_t   v;
+    u_char                       *p;
+    size_t                        len;
+    uint64_t                      now, expires;
+    ngx_str_t                     src, dst;
+    ngx_buf_t                    *b;
+    ngx_uint_t                    hsize;
+    ngx_time_t                   *tp;
+    ngx_http_idempotency_view_t   v;
 
     *out = NULL;
 
-    if (ngx_http_idempotency_admin_open(conf, log, rkey, value, vlen, &v)
+    tp = ngx_timeofday();
+    now = (uint64_t) tp->sec * 1000 + tp->msec;
+    expires = pttl > 0 ? now + (uint64_t) pttl : 0;
+
+    if (ngx_http_idempotency_view(value, vlen, conf->encrypt_keys, rkey, now,
+                                  conf->lock_ttl / 3, log, &v)
         != NGX_OK)
     {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "idempotency: corrupt record in redis \"%V\" at "
+                      "\"%V\" (%uz bytes)", &conf->redis->name, rkey, vlen);
         return NGX_HTTP_BAD_GATEWAY;
     }
 
-    now = ngx_http_idempotency_epoch_msec();
-    expires = pttl > 0 ? now + (uint64_t) pttl : 0;
-    stored = ngx_http_idempotency_lease_stored_at(value);
-    status = v.rec.status;
-
-    state = ngx_http_idempotency_admin_state(v.rec.state, value, now,
-                                             conf->lock_ttl / 3, &status,
-                                             &lease);
-
     hsize = v.rec.headers_end ? (ngx_uint_t) (v.rec.headers_end - v.rec.headers)
-                            : 0;
+                              : 0;
 
     /*
-     * the fixed members; the v.sealed one with its id escaped and its
+     * the fixed members; the sealed one with its id escaped and its
      * detail; the headers, each byte at worst escaped, with their brackets,
      * quotes and commas (8); the body in base64
      */
@@ -92,7 +78,7 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     len = 512
           + sizeof(",\"sealed\":{\"key_id\":\"\",\"opened\":false,"
                    "\"detail\":\"\"}") - 1
-          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * v.id.len
+          + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * v.key_id.len
           + (v.why ? ngx_strlen(v.why) : 0)
           + NGX_HTTP_IDEMPOTENCY_ADMIN_ESCAPED * hsize + 8 * v.rec.nheaders;
 
@@ -107,23 +93,22 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
 
     p = b->last;
 
-    p = ngx_sprintf(p, "{\"state\":\"%s\",\"status\":", state);
-    p = status ? ngx_sprintf(p, "%ui", status) : ngx_cpymem(p, "null", 4);
+    p = ngx_sprintf(p, "{\"state\":\"%s\",\"status\":", v.state);
+    p = v.status ? ngx_sprintf(p, "%ui", v.status) : ngx_cpymem(p, "null", 4);
 
     p = ngx_cpymem(p, ",\"stored_at\":", sizeof(",\"stored_at\":") - 1);
-
-    p = stored ? ngx_http_idempotency_admin_time(p, stored)
-               : ngx_cpymem(p, "null", 4);
+    p = v.stored_at ? ngx_http_idempotency_admin_time(p, v.stored_at)
+                    : ngx_cpymem(p, "null", 4);
 
     p = ngx_cpymem(p, ",\"expires_at\":", sizeof(",\"expires_at\":") - 1);
     p = expires ? ngx_http_idempotency_admin_time(p, expires)
                 : ngx_cpymem(p, "null", 4);
 
     p = ngx_cpymem(p, ",\"lease_until\":", sizeof(",\"lease_until\":") - 1);
-    p = lease ? ngx_http_idempotency_admin_time(p, lease)
-              : ngx_cpymem(p, "null", 4);
+    p = v.lease_until ? ngx_http_idempotency_admin_time(p, v.lease_until)
+                      : ngx_cpymem(p, "null", 4);
 
-    if (v.sealed != NGX_DECLINED && !v.opened) {
+    if (!v.read) {
         p = ngx_cpymem(p, ",\"size\":null", sizeof(",\"size\":null") - 1);
 
     } else {
@@ -132,12 +117,12 @@ ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     }
 
     p = ngx_cpymem(p, ",\"fingerprint\":\"", sizeof(",\"fingerprint\":\"") - 1);
-    p = ngx_hex_dump(p, v.rec.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+    p = ngx_hex_dump(p, v.fingerprint, NGX_HTTP_IDEMPOTENCY_HASH_LEN);
     p = ngx_cpymem(p, "\",\"sealed\":", sizeof("\",\"sealed\":") - 1);
 
     p = ngx_http_idempotency_admin_sealed(p, &v);
 
-    if (v.sealed != NGX_DECLINED && !v.opened) {
+    if (!v.read) {
         p = ngx_cpymem(p, ",\"headers\":null}\n",
                        sizeof(",\"headers\":null}\n") - 1);
         goto done;
@@ -167,82 +152,21 @@ done:
 }
 
 
-/*
- * A sealed record is opened with the location's keys, as on replay;
- * without them, what is clear in it is still worth showing.  NGX_ERROR: a
- * clear record that does not decode, logged.
- */
-
-static ngx_int_t
-ngx_http_idempotency_admin_open(ngx_http_idempotency_loc_conf_t *conf,
-    ngx_log_t *log, ngx_str_t *rkey, u_char *value, size_t vlen,
-    ngx_http_idempotency_admin_rec_t *v)
-{
-    ngx_int_t  rc;
-
-    ngx_str_null(&v->id);
-
-    v->sealed = ngx_http_idempotency_sealed_id(value, vlen, &v->id);
-    v->opened = 0;
-    v->why = NULL;
-
-    if (v->sealed == NGX_DECLINED) {
-        if (ngx_http_idempotency_record_decode(value, vlen, &v->rec)
-            != NGX_OK)
-        {
-            ngx_log_error(NGX_LOG_ERR, log, 0,
-                          "idempotency: corrupt record in redis \"%V\" at "
-                          "\"%V\" (%uz bytes)", &conf->redis->name, rkey,
-                          vlen);
-            return NGX_ERROR;
-        }
-
-        return NGX_OK;
-    }
-
-    if (v->sealed == NGX_ERROR) {
-        ngx_str_null(&v->id);
-    }
-
-    if (conf->encrypt_keys == NULL) {
-        v->why = "no idempotency_encrypt_key in this location";
-
-    } else {
-        /* its line in the error log says why, by the key hash */
-
-        rc = ngx_http_idempotency_crypt_open(conf->encrypt_keys, log, rkey,
-                                             value, vlen, &v->rec);
-        v->opened = (rc == NGX_OK);
-        v->why = "not opened with the keys of this location: see the "
-                 "error log";
-    }
-
-    if (!v->opened) {
-        /* sealed records are completed ones: the head alone is clear */
-        ngx_memzero(&v->rec, sizeof(ngx_http_idempotency_record_t));
-        v->rec.state = NGX_HTTP_IDEMPOTENCY_REC_DONE;
-        v->rec.fingerprint = ngx_http_idempotency_head_fingerprint(value);
-    }
-
-    return NGX_OK;
-}
-
-
 /* the "sealed" member: null for a clear record */
 
 static u_char *
-ngx_http_idempotency_admin_sealed(u_char *p,
-    ngx_http_idempotency_admin_rec_t *v)
+ngx_http_idempotency_admin_sealed(u_char *p, ngx_http_idempotency_view_t *v)
 {
-    if (v->sealed == NGX_DECLINED) {
+    if (!v->sealed) {
         return ngx_cpymem(p, "null", 4);
     }
 
     p = ngx_cpymem(p, "{\"key_id\":", sizeof("{\"key_id\":") - 1);
 
-    if (v->id.len) {
+    if (v->key_id.len) {
         *p++ = '"';
-        p = ngx_http_idempotency_admin_escape(p, v->id.data, v->id.len);
+        p = ngx_http_idempotency_admin_escape(p, v->key_id.data,
+                                              v->key_id.len);
         *p++ = '"';
 
     } else {
@@ -295,49 +219,6 @@ ngx_http_idempotency_admin_headers(u_char *p,
     *p++ = ']';
 
     return p;
-}
-
-
-/*
- * What the view and the listing call a record: in_progress, unknown (a
- * claim whose owner's lease ran out is one already), completed (sealed
- * or not) or too_large.  The status is an unknown outcome's, or
- * unchanged; the lease's deadline is a claim's, else 0.
- */
-
-const char *
-ngx_http_idempotency_admin_state(ngx_uint_t kind, u_char *head, uint64_t now,
-    ngx_msec_t margin, ngx_uint_t *status, uint64_t *lease)
-{
-    ngx_uint_t  lk;
-
-    *lease = 0;
-
-    switch (kind) {
-
-    case NGX_HTTP_IDEMPOTENCY_REC_CLAIM:
-        lk = ngx_http_idempotency_lease_read(head, status, now, margin);
-
-        if (lk == NGX_HTTP_IDEMPOTENCY_LEASE_UNKNOWN) {
-            return "unknown";
-        }
-
-        *lease = ngx_http_idempotency_lease_deadline(head);
-
-        if (lk == NGX_HTTP_IDEMPOTENCY_LEASE_EXPIRED) {
-            *status = NGX_HTTP_BAD_GATEWAY;
-            return "unknown";
-        }
-
-        *status = 0;
-        return "in_progress";
-
-    case NGX_HTTP_IDEMPOTENCY_REC_TOO_LARGE:
-        return "too_large";
-
-    default:
-        return "completed";
-    }
 }
 
 

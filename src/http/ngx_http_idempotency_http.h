@@ -352,8 +352,6 @@ ngx_int_t ngx_http_idempotency_admin_view(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_log_t *log, ngx_str_t *rkey,
     u_char *value, size_t vlen, long long pttl, ngx_uint_t body,
     ngx_buf_t **out);
-const char *ngx_http_idempotency_admin_state(ngx_uint_t kind, u_char *head,
-    uint64_t now, ngx_msec_t margin, ngx_uint_t *status, uint64_t *lease);
 u_char *ngx_http_idempotency_admin_time(u_char *p, uint64_t msec);
 void ngx_http_idempotency_admin_answer(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_problem_t *pr);

@@ -695,6 +695,29 @@ ngx_int_t ngx_http_idempotency_retry_command(ngx_http_idempotency_op_t *op,
     int argc, const char **argv, const size_t *argvlen);
 void ngx_http_idempotency_retry_exit(void);
 
+/* view.c: a record as the admin shows it */
+typedef struct {
+    const char                      *state;      /* in_progress, unknown,
+                                                    completed, too_large */
+    ngx_uint_t                       status;     /* 0: none */
+    uint64_t                         stored_at;  /* ms; 0: not kept */
+    uint64_t                         lease_until;    /* ms; 0: no lease */
+    u_char                          *fingerprint;
+    ngx_str_t                        key_id;     /* a sealed one's */
+    const char                      *why;        /* sealed, not opened */
+    ngx_http_idempotency_record_t    rec;        /* read: decoded */
+    unsigned                         sealed:1;
+    unsigned                         opened:1;
+    unsigned                         read:1;     /* rec holds the record */
+} ngx_http_idempotency_view_t;
+
+ngx_int_t ngx_http_idempotency_view_head(u_char *head, size_t len,
+    uint64_t at, ngx_msec_t margin, ngx_http_idempotency_view_t *v);
+ngx_int_t ngx_http_idempotency_view(u_char *value, size_t len,
+    ngx_array_t *keys, ngx_str_t *rkey, uint64_t at, ngx_msec_t margin,
+    ngx_log_t *log, ngx_http_idempotency_view_t *v);
+
+
 /* watch.c: waiting for a record key to change, woken by the finish */
 extern ngx_uint_t  ngx_http_idempotency_watch_epoch;
 ngx_int_t ngx_http_idempotency_watch_ready(
