@@ -810,7 +810,9 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
-    if (ngx_http_idempotency_hash_init(cycle) != NGX_OK) {
+    if (ngx_http_idempotency_hash_init(cycle) != NGX_OK
+        || ngx_http_idempotency_claim_init(cycle->log) != NGX_OK)
+    {
         return NGX_ERROR;
     }
 

@@ -2,19 +2,14 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * The record key, the request fingerprint, owner tokens.
+ * The record key and the request fingerprint.
  */
 
 
 #include "ngx_http_idempotency_http.h"
 
-#include <openssl/rand.h>
-
 
 #define NGX_HTTP_IDEMPOTENCY_MD_CACHE  32
-
-
-static void ngx_http_idempotency_new_token(u_char *token);
 
 
 static EVP_MD       *ngx_http_idempotency_sha256;
@@ -24,8 +19,6 @@ static EVP_MD_CTX   *ngx_http_idempotency_md_free;  /* one spare context */
 static EVP_MD_CTX  *ngx_http_idempotency_md_cache[
                                                NGX_HTTP_IDEMPOTENCY_MD_CACHE];
 static ngx_uint_t   ngx_http_idempotency_md_cached;
-static uint64_t      ngx_http_idempotency_token_seq;
-static u_char        ngx_http_idempotency_token_seed[8];
 
 
 /* the next request body filter, set where the module's joins the chain */
@@ -42,20 +35,6 @@ ngx_http_idempotency_hash_init(ngx_cycle_t *cycle)
                           "idempotency: EVP_MD_fetch(SHA256) failed");
             return NGX_ERROR;
         }
-    }
-
-    /*
-     * tokens are a per-worker random seed plus a counter: unique across
-     * workers and instances without a syscall per request
-     */
-
-    if (RAND_bytes(ngx_http_idempotency_token_seed,
-                   sizeof(ngx_http_idempotency_token_seed))
-        != 1)
-    {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
-                      "idempotency: RAND_bytes() failed");
-        return NGX_ERROR;
     }
 
     return NGX_OK;
@@ -79,28 +58,6 @@ ngx_http_idempotency_hash_done(void)
         EVP_MD_free(ngx_http_idempotency_sha256);
         ngx_http_idempotency_sha256 = NULL;
     }
-}
-
-
-/*
- * The owner part of a claim's token: the worker's random seed, moved by a
- * sequence number, unique in the worker and as unlikely as a random 64-bit
- * number to meet another worker's; the lease follows (lease.c)
- */
-
-static void
-ngx_http_idempotency_new_token(u_char *token)
-{
-    uint64_t    seq;
-    ngx_uint_t  i;
-
-    seq = ++ngx_http_idempotency_token_seq;
-
-    for (i = 0; i < 8; i++) {
-        token[i] = ngx_http_idempotency_token_seed[i] ^ (u_char) (seq >> 8 * i);
-    }
-
-    ngx_memzero(token + 8, NGX_HTTP_IDEMPOTENCY_TOKEN_LEN - 8);
 }
 
 
@@ -141,7 +98,6 @@ ngx_int_t
 ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
     u_char *hash)
 {
-    u_char        *head;
     ngx_str_t      fingerprint;
     unsigned int   len;
     EVP_MD_CTX    *md;
@@ -156,8 +112,7 @@ ngx_http_idempotency_request_hash(ngx_http_idempotency_ctx_t *ctx,
         ngx_http_idempotency_md_free = md;
     }
 
-    head = ctx->claim->head;
-    fingerprint.data = ngx_http_idempotency_head_fingerprint(head);
+    fingerprint.data = ctx->fingerprint;
     fingerprint.len = NGX_HTTP_IDEMPOTENCY_HASH_LEN;
 
     if (ctx->conf->secret) {
@@ -306,25 +261,17 @@ ngx_http_idempotency_fingerprint_update(ngx_http_idempotency_ctx_t *ctx,
 ngx_int_t
 ngx_http_idempotency_fingerprint_finish(ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char        *head;
-    unsigned int   len;
+    unsigned int  len;
 
-    /* the claim record: the head, with this body's fingerprint */
-
-    head = ctx->claim->head;
-
-    ngx_http_idempotency_head_claim(head);
-
-    if (EVP_DigestFinal_ex(ctx->md, ngx_http_idempotency_head_fingerprint(head),
-                           &len)
-        != 1)
-    {
+    if (EVP_DigestFinal_ex(ctx->md, ctx->fingerprint, &len) != 1) {
         return NGX_ERROR;
     }
 
-    ngx_http_idempotency_new_token(ngx_http_idempotency_head_token(head));
-
     ngx_http_idempotency_fingerprint_free(ctx);
+
+    /* the claim: the head, with this body's fingerprint and a new owner */
+
+    ngx_http_idempotency_claim_head(ctx->claim, ctx->fingerprint);
 
     return NGX_OK;
 }

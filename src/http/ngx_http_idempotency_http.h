@@ -183,6 +183,8 @@ struct ngx_http_idempotency_ctx_s {
     ngx_uint_t                       status;     /* $idempotency_status */
 
     EVP_MD_CTX                      *md;
+    u_char                           fingerprint[
+                                         NGX_HTTP_IDEMPOTENCY_HASH_LEN];
     ngx_http_idempotency_json_t     *json;       /* the key in the body */
     ngx_str_t                        rkey;
     ngx_str_t                        request_line;   /* for logs */

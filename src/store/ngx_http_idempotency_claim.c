@@ -13,6 +13,8 @@
 
 #include "ngx_http_idempotency_store.h"
 
+#include <openssl/rand.h>
+
 
 /* a take-over raced this many times: somebody else is at it */
 #define NGX_HTTP_IDEMPOTENCY_TAKES_MAX  3
@@ -52,6 +54,61 @@ ngx_http_idempotency_claim_create(ngx_pool_t *pool, ngx_log_t *log)
     c->timer.log = log;
 
     return c;
+}
+
+
+/*
+ * Owners are a per-worker random seed moved by a sequence number: unique
+ * among the claims of a worker, as unlikely as two random 64-bit numbers
+ * to meet another worker's, and without a syscall per request
+ */
+
+static uint64_t  ngx_http_idempotency_owner_seq;
+static u_char    ngx_http_idempotency_owner_seed[8];
+
+
+ngx_int_t
+ngx_http_idempotency_claim_init(ngx_log_t *log)
+{
+    if (RAND_bytes(ngx_http_idempotency_owner_seed,
+                   sizeof(ngx_http_idempotency_owner_seed))
+        != 1)
+    {
+        ngx_log_error(NGX_LOG_EMERG, log, 0,
+                      "idempotency: RAND_bytes() failed");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The claim's head: the request's fingerprint and a new owner; the lease
+ * follows when it is sent (lease.c)
+ */
+
+void
+ngx_http_idempotency_claim_head(ngx_http_idempotency_claim_t *c,
+    u_char *fingerprint)
+{
+    u_char      *owner;
+    uint64_t     seq;
+    ngx_uint_t   i;
+
+    ngx_http_idempotency_head_claim(c->head);
+
+    ngx_memcpy(ngx_http_idempotency_head_fingerprint(c->head), fingerprint,
+               NGX_HTTP_IDEMPOTENCY_HASH_LEN);
+
+    owner = ngx_http_idempotency_head_token(c->head);
+    seq = ++ngx_http_idempotency_owner_seq;
+
+    for (i = 0; i < 8; i++) {
+        owner[i] = ngx_http_idempotency_owner_seed[i] ^ (u_char) (seq >> 8 * i);
+    }
+
+    ngx_memzero(owner + 8, NGX_HTTP_IDEMPOTENCY_TOKEN_LEN - 8);
 }
 
 

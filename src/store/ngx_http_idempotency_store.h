@@ -499,6 +499,9 @@ ngx_uint_t ngx_http_idempotency_claim_answer(
     ngx_http_idempotency_answer_t *a);
 
 /* claim.c: a request's claim */
+ngx_int_t ngx_http_idempotency_claim_init(ngx_log_t *log);
+void ngx_http_idempotency_claim_head(ngx_http_idempotency_claim_t *c,
+    u_char *fingerprint);
 ngx_http_idempotency_claim_t *ngx_http_idempotency_claim_create(
     ngx_pool_t *pool, ngx_log_t *log);
 ngx_int_t ngx_http_idempotency_claim_start(ngx_http_idempotency_claim_t *c);
