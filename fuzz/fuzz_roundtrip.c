@@ -3,8 +3,9 @@
  * libFuzzer round trip through src/http/ngx_http_idempotency_capture.c,
  * src/store/ngx_http_idempotency_build.c and
  * src/store/ngx_http_idempotency_record.c: a response built from the input
- * is serialised with ngx_http_idempotency_capture_header() (+ the body the
- * way filter.c adds it), then read back with
+ * is serialised with ngx_http_idempotency_capture_header(), its body given
+ * to the builder the way filter.c gives it (in two pieces), the record
+ * ended with ngx_http_idempotency_builder_end(), then read back with
  * ngx_http_idempotency_record_decode().
  *
  * Input:
@@ -23,20 +24,21 @@
  *
  * Checked: capture_header() declines exactly when the head, or the head and
  * the announced body, exceed store_max_size; otherwise it writes exactly the
- * computed size, and the record decodes to the status, the headers nginx
+ * computed head, and the record decodes to the status, the headers nginx
  * would keep (not hop-by-hop, not proxy-*, not hidden, name <= 256 bytes,
  * Content-Type and status line first, ":location" before the Location) in
  * order, and the body.  A name or value with CR or NUL (LF splits the
  * input) is not stored, with one warning each; the rest must decode.  The
  * stored Content-Type, split again as the replay does, gives back the type
  * length and charset the filters saw, or is ":content-type", the whole
- * value being the type.  Then, unless the response is header-only, the
- * trailers are appended as filter.c does at the last buffer: their section
- * is sized exactly (0 when none is kept), a record it would take past
- * store_max_size is left alone (filter.c stores "too large"), and the
- * record decodes as "done with trailers" to the same status, headers and
- * body and to the trailers kept by the same rules (CR or NUL dropped), in
- * order.
+ * value being the type.  A header-only response (HEAD, 204) ends with no
+ * body whatever its Content-Length said.  Then, unless the response is
+ * header-only, the trailers are added as filter.c adds them at the last
+ * buffer and the record ended again: builder_end() declines exactly when
+ * their section would take the record past store_max_size (filter.c then
+ * stores "too large"), else the record decodes as "done with trailers" to
+ * the same status, headers and body and to the trailers kept by the same
+ * rules (CR or NUL dropped), in order.
  */
 
 
@@ -51,10 +53,11 @@
 
 #define MAX_FIELDS   64
 #define PART_NALLOC  3
+#define MAX_ALLOCS   256
 
 
 static ngx_pool_t  *fake_pool = (ngx_pool_t *) "pool";
-static void        *allocs[4];
+static void        *allocs[MAX_ALLOCS];
 static ngx_uint_t   nallocs;
 
 
@@ -66,9 +69,9 @@ ngx_pnalloc(ngx_pool_t *pool, size_t size)
     void  *p;
 
     fuzz_assert(pool == fake_pool, "ngx_pnalloc() with another pool");
-    fuzz_assert(nallocs < 4, "too many allocations");
+    fuzz_assert(nallocs < MAX_ALLOCS, "too many allocations");
 
-    p = malloc(size);
+    p = malloc(size ? size : 1);
     if (p == NULL) {
         abort();
     }
@@ -76,6 +79,56 @@ ngx_pnalloc(ngx_pool_t *pool, size_t size)
     allocs[nallocs++] = p;
 
     return p;
+}
+
+
+void *
+ngx_palloc(ngx_pool_t *pool, size_t size)
+{
+    return ngx_pnalloc(pool, size);
+}
+
+
+/* the builder's field list grows as nginx's arrays do, by copying */
+
+void *
+ngx_array_push(ngx_array_t *a)
+{
+    void  *elts;
+
+    if (a->nelts == a->nalloc) {
+        elts = ngx_pnalloc(a->pool, 2 * a->size * a->nalloc);
+        memcpy(elts, a->elts, a->size * a->nalloc);
+        a->elts = elts;
+        a->nalloc *= 2;
+    }
+
+    return (u_char *) a->elts + a->size * a->nelts++;
+}
+
+
+ngx_buf_t *
+ngx_create_temp_buf(ngx_pool_t *pool, size_t size)
+{
+    ngx_buf_t  *b;
+
+    b = ngx_pnalloc(pool, sizeof(ngx_buf_t));
+    memset(b, 0, sizeof(ngx_buf_t));
+
+    b->start = ngx_pnalloc(pool, size);
+    b->pos = b->start;
+    b->last = b->start;
+    b->end = b->start + size;
+    b->temporary = 1;
+
+    return b;
+}
+
+
+ngx_chain_t *
+ngx_alloc_chain_link(ngx_pool_t *pool)
+{
+    return ngx_pnalloc(pool, sizeof(ngx_chain_t));
 }
 
 
@@ -289,7 +342,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     u_char                           *copy, *p, *last, *rec_data, *q;
     u_char                            head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
     size_t                            i, nfields, head_size, rec_len, nexp;
-    size_t                            ntexp, tsize, hoff, boff;
+    size_t                            ntexp, tsize, tlen, hoff, boff;
     ngx_int_t                         rc;
     ngx_uint_t                        flags, mode, nh, nt;
     ngx_str_t                         fields[MAX_FIELDS], body;
@@ -299,7 +352,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ngx_table_elt_t                  *h, elts[MAX_FIELDS];
     ngx_http_request_t               *r;
     ngx_http_idempotency_record_t     rec;
-    ngx_http_idempotency_capture_t    cap;
+    ngx_http_idempotency_builder_t    bd;
     ngx_http_idempotency_loc_conf_t   conf;
     ngx_connection_t                  c;
     ngx_uint_t                        nbad;
@@ -506,72 +559,69 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(head, NGX_HTTP_IDEMPOTENCY_MAGIC, 4);
     head[4] = NGX_HTTP_IDEMPOTENCY_REC_CLAIM;
 
-    ngx_memzero(&cap, sizeof(cap));
-    cap.expected = (mode == 1) ? -1 : (off_t) body.len;
+    r->headers_out.content_length_n = (mode == 1) ? -1 : (off_t) body.len;
     nallocs = 0;
     nwarnings = 0;
 
-    rc = ngx_http_idempotency_capture_header(r, &conf, &cap, head);
+    rc = ngx_http_idempotency_capture_header(r, &conf, &bd, head);
 
     fuzz_assert(rc == NGX_OK || rc == NGX_DECLINED, "rc %ld", (long) rc);
     fuzz_assert(nwarnings == nbad, "%lu warnings for %lu bad headers",
                 (unsigned long) nwarnings, (unsigned long) nbad);
 
     if (head_size > conf.store_max_size
-        || (cap.expected > 0
-            && (size_t) cap.expected > conf.store_max_size - head_size))
+        || (bd.expected > 0
+            && (size_t) bd.expected > conf.store_max_size - head_size))
     {
         fuzz_assert(rc == NGX_DECLINED,
                     "head of %zu bytes and body of %ld fit in %zu?",
-                    head_size, (long) cap.expected, conf.store_max_size);
+                    head_size, (long) bd.expected, conf.store_max_size);
         goto done;
     }
 
     fuzz_assert(rc == NGX_OK, "declined a head of %zu bytes and a body of "
-                "%ld in %zu", head_size, (long) cap.expected,
+                "%ld in %zu", head_size, (long) bd.expected,
                 conf.store_max_size);
-    fuzz_assert(nallocs == 1, "%lu allocations", (unsigned long) nallocs);
-    fuzz_assert(cap.last - cap.start == (ptrdiff_t) head_size,
-                "head of %td bytes, expected %zu", cap.last - cap.start,
+    fuzz_assert(bd.last - bd.start == (ptrdiff_t) head_size,
+                "head of %td bytes, expected %zu", bd.last - bd.start,
                 head_size);
 
-    /* the body, as the body filter and ngx_http_idempotency_store() add it */
+    /* the body, as the body filter gives it, then the end */
 
-    switch (mode) {
-
-    case 0:
-        fuzz_assert(cap.end - cap.last == (ptrdiff_t) body.len,
+    if (mode == 0) {
+        fuzz_assert(bd.end - bd.last == (ptrdiff_t) body.len,
                     "room for %td body bytes, expected %zu",
-                    cap.end - cap.last, body.len);
-        if (body.len) {
-            cap.last = ngx_cpymem(cap.last, body.data, body.len);
-        }
-        cap.body_len = body.len;
-        rec_data = cap.start;
-        rec_len = cap.end - cap.start;
-        break;
-
-    case 1:
-        cap.body_len = body.len;
-        rec_len = head_size + body.len;
-        rec_data = ngx_pnalloc(fake_pool, rec_len);
-        q = ngx_cpymem(rec_data, cap.start, head_size);
-        if (body.len) {
-            ngx_memcpy(q, body.data, body.len);
-        }
-        ngx_http_idempotency_build_body_len(rec_data + head_size,
-                                            cap.body_len);
-        break;
-
-    default: /* header only */
-        cap.expected = 0;
-        cap.end = cap.last;
-        ngx_http_idempotency_build_body_len(cap.last, cap.body_len);
-        body.len = 0;
-        rec_data = cap.start;
-        rec_len = cap.end - cap.start;
-        break;
+                    bd.end - bd.last, body.len);
     }
+
+    if (mode != 2 && body.len) {
+        rc = ngx_http_idempotency_builder_body(&bd, body.data, body.len / 2);
+
+        if (rc == NGX_OK) {
+            rc = ngx_http_idempotency_builder_body(&bd,
+                                                   body.data + body.len / 2,
+                                                   body.len - body.len / 2);
+        }
+
+        if (mode == 1 && head_size + body.len > conf.store_max_size) {
+            fuzz_assert(rc == NGX_DECLINED, "a body of %zu past %zu taken",
+                        body.len, conf.store_max_size);
+            goto done;
+        }
+
+        fuzz_assert(rc == NGX_OK, "the body: %ld", (long) rc);
+    }
+
+    if (mode == 2) {
+        body.len = 0;
+    }
+
+    rc = ngx_http_idempotency_builder_end(&bd, mode == 2, &rec_data,
+                                          &rec_len);
+
+    fuzz_assert(rc == NGX_OK, "end without trailers: %ld", (long) rc);
+    fuzz_assert(rec_len == head_size + body.len, "a record of %zu bytes, "
+                "expected %zu", rec_len, head_size + body.len);
 
     rc = ngx_http_idempotency_record_decode(rec_data, rec_len, &rec);
 
@@ -627,20 +677,24 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         tsize = 0;
     }
 
-    fuzz_assert(ngx_http_idempotency_capture_trailers_size(r, &conf) == tsize,
-                "trailer section of %zu bytes, expected %zu",
-                ngx_http_idempotency_capture_trailers_size(r, &conf), tsize);
-
-    /* (filter.c never captures a body past store_max_size) */
-    if (tsize == 0 || rec_len > conf.store_max_size
-        || tsize > conf.store_max_size - rec_len)
-    {
+    if (tsize == 0) {
         goto done;
     }
 
-    q = ngx_pnalloc(fake_pool, rec_len + tsize);
-    ngx_memcpy(q, rec_data, rec_len);
-    ngx_http_idempotency_capture_trailers(r, &conf, q, q + rec_len);
+    rc = ngx_http_idempotency_capture_trailers(r, &conf, &bd);
+    fuzz_assert(rc == NGX_OK, "trailers: %ld", (long) rc);
+
+    rc = ngx_http_idempotency_builder_end(&bd, 0, &q, &tlen);
+
+    if (tsize > conf.store_max_size - rec_len) {
+        fuzz_assert(rc == NGX_DECLINED, "a trailer section of %zu past %zu "
+                    "taken", tsize, conf.store_max_size);
+        goto done;
+    }
+
+    fuzz_assert(rc == NGX_OK, "end with trailers: %ld", (long) rc);
+    fuzz_assert(tlen == rec_len + tsize, "a record of %zu bytes with "
+                "trailers, expected %zu", tlen, rec_len + tsize);
 
     rc = ngx_http_idempotency_record_decode(q, rec_len + tsize, &rec);
 

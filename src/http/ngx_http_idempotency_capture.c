@@ -2,18 +2,18 @@
 /*
  * Copyright (C) The ngx_http_idempotency_module authors
  *
- * The owner's response into a record, through the store's builder (the
- * format is the store's): status, the headers that are worth replaying,
- * the body as it passes the filters, and the trailers.
+ * What of the owner's response goes into its record, through the store's
+ * builder (the format is the store's): its status, the headers that are
+ * worth replaying, and the trailers; filter.c passes the body.
  */
 
 
 #include "ngx_http_idempotency_http.h"
 
 
-static void ngx_http_idempotency_capture_list(ngx_http_request_t *r,
+static ngx_int_t ngx_http_idempotency_capture_list(ngx_http_request_t *r,
     ngx_list_t *list, ngx_http_idempotency_loc_conf_t *conf,
-    ngx_http_idempotency_build_t *b);
+    ngx_http_idempotency_builder_t *bd);
 static ngx_int_t ngx_http_idempotency_capture_content_type(
     ngx_http_request_t *r, ngx_str_t *name, ngx_str_t *value);
 static ngx_uint_t ngx_http_idempotency_unsafe(ngx_str_t *s);
@@ -24,25 +24,26 @@ static ngx_str_t  ngx_http_idempotency_default_hide = ngx_string("set-cookie");
 
 
 /*
- * Serialises status and headers into a new record at header time.  With a
- * known Content-Length the whole record is allocated at once and the body
- * is later copied straight into place; otherwise it is assembled at the end.
- * Returns NGX_DECLINED when the response cannot fit in max bytes.
+ * The status and the headers worth replaying, into a new record at header
+ * time (the store's builder sizes and writes it).  NGX_DECLINED: the
+ * response cannot fit in idempotency_store_max_size.
  */
 
 ngx_int_t
 ngx_http_idempotency_capture_header(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_builder_t *bd,
     u_char *head)
 {
-    size_t                        size, head_size, room, tag;
-    ngx_str_t                     ct_name, ct, status_line;
-    ngx_http_idempotency_build_t  b;
+    ngx_str_t  ct_name, ct, status_line;
 
     static ngx_str_t  status_name = ngx_string(":status-line");
 
-    if (ngx_http_idempotency_capture_content_type(r, &ct_name, &ct)
-        != NGX_OK)
+    if (ngx_http_idempotency_builder_init(bd, r->pool, conf->encrypt_keys,
+                                          conf->store_max_size,
+                                          r->headers_out.content_length_n)
+        != NGX_OK
+        || ngx_http_idempotency_capture_content_type(r, &ct_name, &ct)
+           != NGX_OK)
     {
         return NGX_ERROR;
     }
@@ -69,119 +70,42 @@ ngx_http_idempotency_capture_header(ngx_http_request_t *r,
         status_line.len = 0;
     }
 
-    /* measured first, then written where it is allocated at its size */
-
-    ngx_http_idempotency_build_measure(&b, NGX_HTTP_IDEMPOTENCY_DONE_FIXED);
-
-    if (ct.len) {
-        ngx_http_idempotency_build_field(&b, &ct_name, &ct);
-    }
-
-    if (status_line.len) {
-        ngx_http_idempotency_build_field(&b, &status_name, &status_line);
-    }
-
-    ngx_http_idempotency_capture_list(r, &r->headers_out.headers, conf, &b);
-
-    head_size = b.size;
-    size = head_size;
-
-    if (head_size > conf->store_max_size
-        || (cap->expected > 0
-            && (size_t) cap->expected > conf->store_max_size - head_size))
+    if ((ct.len && ngx_http_idempotency_builder_field(bd, &ct_name, &ct)
+                   != NGX_OK)
+        || (status_line.len
+            && ngx_http_idempotency_builder_field(bd, &status_name,
+                                                  &status_line)
+               != NGX_OK)
+        || ngx_http_idempotency_capture_list(r, &r->headers_out.headers,
+                                             conf, bd)
+           != NGX_OK)
     {
-        return NGX_DECLINED;
-    }
-
-    if (cap->expected >= 0) {
-        size += cap->expected;
-    }
-
-    /*
-     * a sealed record is encrypted where it is: room for its envelope
-     * after the head and for its tag after the end, not counted in
-     * idempotency_store_max_size
-     */
-
-    room = ngx_http_idempotency_crypt_room(conf->encrypt_keys);
-    tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
-    size += room;
-
-    cap->start = ngx_pnalloc(r->pool, size + tag);
-    if (cap->start == NULL) {
         return NGX_ERROR;
     }
 
-    cap->end = cap->start + size;
-
-    ngx_http_idempotency_build_begin(&b, cap->start, head, room,
-                                     r->headers_out.status);
-
-    if (ct.len) {
-        ngx_http_idempotency_build_field(&b, &ct_name, &ct);
-    }
-
-    if (status_line.len) {
-        ngx_http_idempotency_build_field(&b, &status_name, &status_line);
-    }
-
-    ngx_http_idempotency_capture_list(r, &r->headers_out.headers, conf, &b);
-
-    /* body length: filled in now if known, else at the end */
-
-    cap->last = ngx_http_idempotency_build_headers_end(&b,
-                                    cap->expected >= 0 ? cap->expected : 0);
-    cap->body_len = 0;
-    cap->chunks = NULL;
-    cap->chunks_last = &cap->chunks;
-    cap->tail = NULL;
-
-    return NGX_OK;
+    return ngx_http_idempotency_builder_head(bd, head, r->headers_out.status);
 }
 
 
 /*
- * The size of the trailer section for the trailers the owner's response
- * ended with (grpc_pass), kept by the rules for headers; 0 if none is kept.
+ * The trailers the owner's response ended with (grpc_pass), kept by the
+ * rules for headers
  */
 
-size_t
-ngx_http_idempotency_capture_trailers_size(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf)
-{
-    ngx_http_idempotency_build_t  b;
-
-    ngx_http_idempotency_build_measure(&b,
-                                       NGX_HTTP_IDEMPOTENCY_TRAILERS_FIXED);
-
-    ngx_http_idempotency_capture_list(r, &r->headers_out.trailers, conf, &b);
-
-    return b.n ? b.size : 0;
-}
-
-
-/* appends that section at p, the end of the done record that starts at rec */
-
-void
+ngx_int_t
 ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_builder_t *bd)
 {
-    ngx_http_idempotency_build_t  b;
-
-    ngx_http_idempotency_build_trailers(&b, rec, p);
-    ngx_http_idempotency_capture_list(r, &r->headers_out.trailers, conf, &b);
-    ngx_http_idempotency_build_trailers_end(&b);
+    return ngx_http_idempotency_capture_list(r, &r->headers_out.trailers,
+                                             conf, bd);
 }
 
 
-/*
- * The fields of a header or trailer list that are kept, to the builder:
- * measured or written.
- */
+/* the fields of a header or trailer list that are kept, to the builder */
 
-static void
+static ngx_int_t
 ngx_http_idempotency_capture_list(ngx_http_request_t *r, ngx_list_t *list,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_build_t *b)
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_builder_t *bd)
 {
     u_char            buf[NGX_HTTP_IDEMPOTENCY_NAME_MAX];
     ngx_str_t         low;
@@ -236,13 +160,10 @@ ngx_http_idempotency_capture_list(ngx_http_request_t *r, ngx_list_t *list,
         /* the decoder refuses these bytes: drop the field only */
 
         if (ngx_http_idempotency_unsafe(&h[i].value)) {
-            if (b->pos == NULL) {
-                /* a token: safe to log */
-                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                              "idempotency: header \"%V\" has CR, LF "
-                              "or NUL, not stored", &h[i].key);
-            }
-
+            /* a token: safe to log */
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "idempotency: header \"%V\" has CR, LF or NUL, "
+                          "not stored", &h[i].key);
             continue;
         }
 
@@ -251,12 +172,21 @@ ngx_http_idempotency_capture_list(ngx_http_request_t *r, ngx_list_t *list,
          * filter may make absolute: a marker says so to the replay
          */
 
-        if (&h[i] == r->headers_out.location) {
-            ngx_http_idempotency_build_field(b, &location, &empty);
+        if (&h[i] == r->headers_out.location
+            && ngx_http_idempotency_builder_field(bd, &location, &empty)
+               != NGX_OK)
+        {
+            return NGX_ERROR;
         }
 
-        ngx_http_idempotency_build_field(b, &h[i].key, &h[i].value);
+        if (ngx_http_idempotency_builder_field(bd, &h[i].key, &h[i].value)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
     }
+
+    return NGX_OK;
 }
 
 

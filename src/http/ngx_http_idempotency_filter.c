@@ -11,15 +11,10 @@
 #include "ngx_http_idempotency_http.h"
 
 
-#define NGX_HTTP_IDEMPOTENCY_CHUNK  16384
-
-
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_store_record(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, u_char *rec, size_t len);
 static void ngx_http_idempotency_consume(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_expires(ngx_http_request_t *r,
@@ -120,8 +115,6 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
         return ngx_http_idempotency_next_header(r);
     }
 
-    ctx->capture.expected = r->headers_out.content_length_n;
-
     if (ctx->conf->expires_header
         && ngx_http_idempotency_expires(r, ctx->conf) != NGX_OK)
     {
@@ -169,9 +162,6 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 
     if (ctx->capturing && r->header_only) {
         /* no body will follow (204, HEAD) */
-        ctx->capture.expected = 0;
-        ctx->capture.end = ctx->capture.last;
-        ngx_http_idempotency_build_body_len(ctx->capture.last, 0);
         ngx_http_idempotency_store(r, ctx);
     }
 
@@ -380,11 +370,7 @@ static ngx_int_t
 ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b)
 {
-    u_char                          *pos;
-    size_t                           n, room, size;
-    ngx_buf_t                       *cb;
-    ngx_chain_t                     *cl;
-    ngx_http_idempotency_capture_t  *cap;
+    ngx_int_t  rc;
 
     if (ngx_buf_special(b)) {
         return NGX_OK;
@@ -401,76 +387,29 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    cap = &ctx->capture;
-    n = b->last - b->pos;
-
-    if (n == 0) {
+    if (b->last == b->pos) {
         return NGX_OK;
     }
 
-    if (cap->expected >= 0) {
+    rc = ngx_http_idempotency_builder_body(&ctx->capture, b->pos,
+                                           b->last - b->pos);
 
-        if ((size_t) (cap->end - cap->last) < n) {
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "idempotency: response body exceeds its "
-                          "Content-Length, not stored, key hash %*s",
-                          (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
-                          ngx_http_idempotency_key_hash(ctx));
-            ctx->capturing = 0;
-            ngx_http_idempotency_give_up(r, ctx);
-            return NGX_ERROR;
-        }
-
-        cap->last = ngx_cpymem(cap->last, b->pos, n);
-        cap->body_len += n;
-
+    if (rc == NGX_OK) {
         return NGX_OK;
     }
 
-    /* the envelope of a sealed record is not counted */
-    size = (cap->last - cap->start) + cap->body_len
-           - ngx_http_idempotency_crypt_room(ctx->conf->encrypt_keys);
-
-    if (n > ctx->conf->store_max_size - size) {
+    if (rc == NGX_DECLINED) {
         ngx_http_idempotency_too_large(r, ctx);
         return NGX_ERROR;
     }
 
-    pos = b->pos;
-
-    while (n) {
-        cb = cap->tail;
-
-        if (cb == NULL || cb->last == cb->end) {
-            cb = ngx_create_temp_buf(r->pool,
-                                     ngx_max(n, NGX_HTTP_IDEMPOTENCY_CHUNK));
-            if (cb == NULL) {
-                goto failed;
-            }
-
-            cl = ngx_alloc_chain_link(r->pool);
-            if (cl == NULL) {
-                goto failed;
-            }
-
-            cl->buf = cb;
-            cl->next = NULL;
-
-            *cap->chunks_last = cl;
-            cap->chunks_last = &cl->next;
-            cap->tail = cb;
-        }
-
-        room = ngx_min(n, (size_t) (cb->end - cb->last));
-        cb->last = ngx_cpymem(cb->last, pos, room);
-        pos += room;
-        cap->body_len += room;
-        n -= room;
+    if (rc == NGX_ABORT) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: response body exceeds its "
+                      "Content-Length, not stored, key hash %*s",
+                      (size_t) 2 * NGX_HTTP_IDEMPOTENCY_HASH_LEN,
+                      ngx_http_idempotency_key_hash(ctx));
     }
-
-    return NGX_OK;
-
-failed:
 
     ctx->capturing = 0;
     ngx_http_idempotency_give_up(r, ctx);
@@ -479,93 +418,48 @@ failed:
 }
 
 
+/*
+ * The response ended (its last buffer, or its header for a response
+ * without a body): its trailers, if any, and the record to the claim,
+ * which seals it if keys are set
+ */
+
 static void
 ngx_http_idempotency_store(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char                          *p, *value;
-    size_t                           head, len, tlen, room, tag;
-    ngx_chain_t                     *cl;
-    ngx_http_idempotency_capture_t  *cap;
+    u_char                          *value;
+    size_t                           len;
+    ngx_int_t                        rc;
+    ngx_http_idempotency_builder_t  *bd;
 
-    cap = &ctx->capture;
+    bd = &ctx->capture;
     ctx->capturing = 0;
 
-    room = ngx_http_idempotency_crypt_room(ctx->conf->encrypt_keys);
-    tag = room ? NGX_HTTP_IDEMPOTENCY_TAG_LEN : 0;
-
     /* the upstream's trailers (grpc_pass) are in place with the last buf */
-    tlen = ngx_http_idempotency_capture_trailers_size(r, ctx->conf);
 
-    if (cap->expected >= 0) {
-
-        if (cap->last != cap->end) {
-            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                          "idempotency: response body truncated "
-                          "(%uz of %O bytes), not stored",
-                          cap->body_len, cap->expected);
-            ngx_http_idempotency_give_up(r, ctx);
-            return;
-        }
-
-        if (tlen == 0) {
-            ngx_http_idempotency_store_record(r, ctx, cap->start,
-                                              cap->end - cap->start);
-            return;
-        }
-
-        len = cap->end - cap->start;
-
-    } else {
-        len = (cap->last - cap->start) + cap->body_len;
-    }
-
-    if (tlen > ctx->conf->store_max_size - (len - room)) {
-        ngx_http_idempotency_too_large(r, ctx);
-        return;
-    }
-
-    value = ngx_pnalloc(r->pool, len + tlen + tag);
-    if (value == NULL) {
+    if (ngx_http_idempotency_capture_trailers(r, ctx->conf, bd) != NGX_OK) {
         ngx_http_idempotency_give_up(r, ctx);
         return;
     }
 
-    if (cap->expected >= 0) {
-        /* the record was sized for the body only: it grows once, here */
-        ngx_memcpy(value, cap->start, len);
+    rc = ngx_http_idempotency_builder_end(bd, r->header_only, &value, &len);
 
-    } else {
-        /* unknown length: header part, then the chunks */
-
-        head = cap->last - cap->start;
-        p = ngx_cpymem(value, cap->start, head);
-
-        for (cl = cap->chunks; cl; cl = cl->next) {
-            p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
-        }
-
-        ngx_http_idempotency_build_body_len(value + head, cap->body_len);
+    if (rc == NGX_DECLINED) {
+        ngx_http_idempotency_too_large(r, ctx);
+        return;
     }
 
-    if (tlen) {
-        ngx_http_idempotency_capture_trailers(r, ctx->conf, value,
-                                              value + len);
+    if (rc == NGX_ABORT) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: response body truncated "
+                      "(%uz of %O bytes), not stored",
+                      bd->body_len, bd->expected);
     }
 
-    ngx_http_idempotency_store_record(r, ctx, value, len + tlen);
-}
-
-
-/* the record as it goes to Redis (the claim seals it, if keys are set) */
-
-static void
-ngx_http_idempotency_store_record(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, u_char *rec, size_t len)
-{
-    ctx->capturing = 0;
-
-    if (ngx_http_idempotency_claim_store(ctx->claim, rec, len) != NGX_OK) {
+    if (rc != NGX_OK
+        || ngx_http_idempotency_claim_store(ctx->claim, value, len) != NGX_OK)
+    {
         ngx_http_idempotency_give_up(r, ctx);
     }
 }
@@ -575,8 +469,6 @@ static void
 ngx_http_idempotency_too_large(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char  *buf;
-
     ctx->capturing = 0;
 
     ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
@@ -584,17 +476,12 @@ ngx_http_idempotency_too_large(ngx_http_request_t *r,
                   "idempotency_store_max_size %uz, stored as too large",
                   ctx->conf->store_max_size);
 
-    buf = ngx_pnalloc(r->pool, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
-    if (buf == NULL) {
+    if (ngx_http_idempotency_claim_too_large(ctx->claim,
+                                             r->headers_out.status)
+        != NGX_OK)
+    {
         ngx_http_idempotency_give_up(r, ctx);
-        return;
     }
-
-    ngx_http_idempotency_build_too_large(buf, ctx->claim->head,
-                                         r->headers_out.status);
-
-    ngx_http_idempotency_store_record(r, ctx, buf,
-                                      NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
 }
 
 

@@ -159,19 +159,6 @@ typedef struct {
 } ngx_http_idempotency_loc_conf_t;
 
 
-/* the captured response of the owner */
-typedef struct {
-    u_char                          *start;      /* the record being built */
-    u_char                          *last;
-    u_char                          *end;
-    ngx_chain_t                     *chunks;     /* body of unknown length */
-    ngx_chain_t                    **chunks_last;
-    ngx_buf_t                       *tail;
-    size_t                           body_len;
-    off_t                            expected;   /* Content-Length or -1 */
-} ngx_http_idempotency_capture_t;
-
-
 struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t              *request;
     ngx_http_idempotency_loc_conf_t *conf;
@@ -198,7 +185,7 @@ struct ngx_http_idempotency_ctx_s {
     /* filter.c: the outcome-unknown problem in place of nginx's own page */
     ngx_str_t                        problem;
 
-    ngx_http_idempotency_capture_t   capture;
+    ngx_http_idempotency_builder_t   capture;    /* the owner's response */
 
     unsigned                         owner:1;
     unsigned                         hashing:1;
@@ -231,14 +218,12 @@ extern ngx_http_request_body_filter_pt   ngx_http_idempotency_next_request_body;
 /* capture.c: the owner's response into a record */
 ngx_uint_t ngx_http_idempotency_store_header(void *data, ngx_str_t *lowcase);
 ngx_int_t ngx_http_idempotency_capture_header(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_capture_t *cap,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_builder_t *bd,
     u_char *head);
 void ngx_http_idempotency_content_type(ngx_str_t *value, size_t *type_len,
     ngx_str_t *charset);
-size_t ngx_http_idempotency_capture_trailers_size(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf);
-void ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *conf, u_char *rec, u_char *p);
+ngx_int_t ngx_http_idempotency_capture_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *conf, ngx_http_idempotency_builder_t *bd);
 
 /* ctx.c: the request's ctx */
 extern ngx_str_t  ngx_http_idempotency_status_names[];   /* by status */

@@ -61,6 +61,29 @@ ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
 }
 
 
+/*
+ * The response ran but is larger than idempotency_store_max_size: its
+ * status is kept, and retries are told it cannot be replayed
+ */
+
+ngx_int_t
+ngx_http_idempotency_claim_too_large(ngx_http_idempotency_claim_t *c,
+    ngx_uint_t status)
+{
+    u_char  *buf;
+
+    buf = ngx_pnalloc(c->pool, NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
+    if (buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_idempotency_build_too_large(buf, c->head, status);
+
+    return ngx_http_idempotency_claim_store(c, buf,
+                                            NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN);
+}
+
+
 void
 ngx_http_idempotency_claim_release(ngx_http_idempotency_claim_t *c)
 {

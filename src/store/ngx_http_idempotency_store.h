@@ -194,13 +194,29 @@ typedef struct {
 #define NGX_HTTP_IDEMPOTENCY_TOO_LARGE_LEN  (NGX_HTTP_IDEMPOTENCY_HEAD_LEN + 2)
 
 
-/* build.c: a record being written, or measured (pos NULL) */
+/* build.c: a header field or trailer of a record */
 typedef struct {
-    u_char                          *pos;        /* the next field's place */
-    u_char                          *count;      /* the field count's */
-    size_t                           size;       /* measured */
-    uint32_t                         n;          /* fields so far */
-} ngx_http_idempotency_build_t;
+    ngx_str_t                        name;
+    ngx_str_t                        value;
+} ngx_http_idempotency_field_t;
+
+
+/* build.c: a completed response's record, built as the response passes */
+typedef struct {
+    ngx_pool_t                      *pool;
+    size_t                           max;        /* the envelope aside */
+    size_t                           room;       /* a sealed one's envelope */
+    off_t                            expected;   /* the body's length, or -1 */
+    ngx_array_t                      fields;     /* headers, then trailers */
+    ngx_uint_t                       nheaders;
+    u_char                          *start;      /* the record */
+    u_char                          *last;
+    u_char                          *end;
+    ngx_chain_t                     *chunks;     /* a body of unknown length */
+    ngx_chain_t                    **chunks_last;
+    ngx_buf_t                       *tail;
+    size_t                           body_len;
+} ngx_http_idempotency_builder_t;
 
 
 /* a decoded record; pointers refer to a copy in r->pool */
@@ -405,19 +421,16 @@ ngx_uint_t ngx_http_idempotency_record_status_line_ok(ngx_str_t *line,
 
 /* build.c */
 void ngx_http_idempotency_head_claim(u_char *head);
-void ngx_http_idempotency_build_measure(ngx_http_idempotency_build_t *b,
-    size_t fixed);
-void ngx_http_idempotency_build_begin(ngx_http_idempotency_build_t *b,
-    u_char *rec, u_char *head, size_t room, ngx_uint_t status);
-void ngx_http_idempotency_build_field(ngx_http_idempotency_build_t *b,
-    ngx_str_t *name, ngx_str_t *value);
-u_char *ngx_http_idempotency_build_headers_end(
-    ngx_http_idempotency_build_t *b, uint64_t body_len);
-void ngx_http_idempotency_build_body_len(u_char *body, uint64_t len);
-void ngx_http_idempotency_build_trailers(ngx_http_idempotency_build_t *b,
-    u_char *rec, u_char *p);
-void ngx_http_idempotency_build_trailers_end(
-    ngx_http_idempotency_build_t *b);
+ngx_int_t ngx_http_idempotency_builder_init(ngx_http_idempotency_builder_t *bd,
+    ngx_pool_t *pool, ngx_array_t *keys, size_t max, off_t expected);
+ngx_int_t ngx_http_idempotency_builder_field(
+    ngx_http_idempotency_builder_t *bd, ngx_str_t *name, ngx_str_t *value);
+ngx_int_t ngx_http_idempotency_builder_head(ngx_http_idempotency_builder_t *bd,
+    u_char *head, ngx_uint_t status);
+ngx_int_t ngx_http_idempotency_builder_body(ngx_http_idempotency_builder_t *bd,
+    u_char *pos, size_t n);
+ngx_int_t ngx_http_idempotency_builder_end(ngx_http_idempotency_builder_t *bd,
+    ngx_uint_t header_only, u_char **value, size_t *len);
 void ngx_http_idempotency_build_too_large(u_char *buf, u_char *head,
     ngx_uint_t status);
 
@@ -518,6 +531,8 @@ void ngx_http_idempotency_claim_unwatch(ngx_http_idempotency_claim_t *c);
 /* claim_end.c: how a claim won ends, and how one whose request is gone */
 ngx_int_t ngx_http_idempotency_claim_store(ngx_http_idempotency_claim_t *c,
     u_char *value, size_t len);
+ngx_int_t ngx_http_idempotency_claim_too_large(
+    ngx_http_idempotency_claim_t *c, ngx_uint_t status);
 void ngx_http_idempotency_claim_unknown(ngx_http_idempotency_claim_t *c,
     ngx_uint_t status);
 void ngx_http_idempotency_claim_release(ngx_http_idempotency_claim_t *c);
