@@ -126,7 +126,8 @@ ngx_http_idempotency_warn(ngx_conf_t *cf,
 
 
 char *
-ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_prefix_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_str_t  *value, *prefix;
     u_char     *p;
@@ -162,7 +163,7 @@ ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 char *
-ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_store_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
@@ -220,7 +221,8 @@ ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
 /* says which methods are allowed, where the bitmask slot would not */
 
 char *
-ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_methods_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_str_t           *value;
     ngx_uint_t           i, m;
@@ -259,7 +261,7 @@ ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
  */
 
 char *
-ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_enum_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     u_char           *p, *last, values[128];
     ngx_str_t        *value;
@@ -357,7 +359,7 @@ ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms)
 
 
 char *
-ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_header_list_slot(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_str_t     *value, *name;
@@ -394,7 +396,7 @@ ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
 /* idempotency_redis_wait off | N [TIMEOUT] [aof] */
 
 char *
-ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_redis_wait_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
@@ -618,7 +620,7 @@ ngx_http_idempotency_claim_conf(ngx_http_idempotency_loc_conf_t *conf)
  */
 
 char *
-ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_key_pattern_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
 #if (NGX_PCRE)
@@ -680,8 +682,8 @@ ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
  */
 
 char *
-ngx_http_idempotency_key_json_pointer(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
+ngx_http_idempotency_key_json_pointer_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 

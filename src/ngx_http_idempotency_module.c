@@ -33,8 +33,8 @@ static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
-static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+static char *ngx_http_idempotency_redis_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
 static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
@@ -97,7 +97,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_redis"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_http_idempotency_redis,
+      ngx_http_idempotency_redis_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -111,35 +111,35 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_fresh_key_detect"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_fresh_key_detect,
+      ngx_http_idempotency_fresh_key_detect_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("idempotency_admin"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
-      ngx_http_idempotency_admin,
+      ngx_http_idempotency_admin_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("idempotency_key_secret"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_key_secret,
+      ngx_http_idempotency_key_secret_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, secret),
       NULL },
 
     { ngx_string("idempotency_encrypt_key"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE123,
-      ngx_http_idempotency_encrypt_key,
+      ngx_http_idempotency_encrypt_key_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, encrypt_keys),
       NULL },
 
     { ngx_string("idempotency_redis_prefix"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_prefix,
+      ngx_http_idempotency_prefix_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, prefix),
       NULL },
@@ -160,14 +160,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_key_pattern"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_key_pattern,
+      ngx_http_idempotency_key_pattern_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("idempotency_key_json_pointer"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_key_json_pointer,
+      ngx_http_idempotency_key_json_pointer_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -181,7 +181,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_methods"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_http_idempotency_methods,
+      ngx_http_idempotency_methods_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, methods),
       &ngx_http_idempotency_methods_mask },
@@ -216,7 +216,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_store_status"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_http_idempotency_store_status,
+      ngx_http_idempotency_store_status_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -237,28 +237,28 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_hide_header"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_header_list,
+      ngx_http_idempotency_header_list_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, hide_headers),
       NULL },
 
     { ngx_string("idempotency_pass_header"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_header_list,
+      ngx_http_idempotency_header_list_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, pass_headers),
       NULL },
 
     { ngx_string("idempotency_on_redis_error"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_enum,
+      ngx_http_idempotency_enum_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, on_redis_error),
       &ngx_http_idempotency_on_error },
 
     { ngx_string("idempotency_on_unknown"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_enum,
+      ngx_http_idempotency_enum_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, on_unknown),
       &ngx_http_idempotency_on_unknown_values },
@@ -267,7 +267,7 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_redis_wait"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE123,
-      ngx_http_idempotency_redis_wait,
+      ngx_http_idempotency_redis_wait_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -276,14 +276,14 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency_metrics"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      ngx_http_idempotency_metrics,
+      ngx_http_idempotency_metrics_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("idempotency_metrics_zone"),
       NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_metrics_zone,
+      ngx_http_idempotency_metrics_zone_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -727,7 +727,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
 
 static char *
-ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_redis_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 

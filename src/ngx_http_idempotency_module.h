@@ -15,27 +15,27 @@
 /* conf.c: the directives' values, their bounds, the nginx -t warnings */
 void ngx_http_idempotency_warn(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf);
-char *ngx_http_idempotency_prefix(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_prefix_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_store_status_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+char *ngx_http_idempotency_methods_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idempotency_enum(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_enum_slot(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_check_msec(ngx_conf_t *cf, void *post,
     void *data);
 char *ngx_http_idempotency_check_size(ngx_conf_t *cf, void *post,
     void *data);
 size_t ngx_http_idempotency_msec_text(u_char *buf, ngx_msec_t ms);
-char *ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_header_list_slot(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idempotency_key_pattern(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-char *ngx_http_idempotency_key_json_pointer(ngx_conf_t *cf,
+char *ngx_http_idempotency_key_pattern_directive(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-char *ngx_http_idempotency_redis_wait(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+char *ngx_http_idempotency_key_json_pointer_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+char *ngx_http_idempotency_redis_wait_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 char *ngx_http_idempotency_wait_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *prev,
     ngx_http_idempotency_loc_conf_t *conf);

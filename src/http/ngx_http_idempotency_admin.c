@@ -124,7 +124,8 @@ static void ngx_http_idempotency_admin_fail(
 
 
 char *
-ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_admin_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 

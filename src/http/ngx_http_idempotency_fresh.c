@@ -24,8 +24,8 @@ static void ngx_http_idempotency_fresh_done(void *data, u_char *first);
 
 
 char *
-ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
+ngx_http_idempotency_fresh_key_detect_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 

@@ -307,7 +307,7 @@ ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
 /* fresh.c: a new key per attempt */
-char *ngx_http_idempotency_fresh_key_detect(ngx_conf_t *cf,
+char *ngx_http_idempotency_fresh_key_detect_directive(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 void ngx_http_idempotency_fresh_send(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -329,7 +329,7 @@ typedef enum {
 
 /* admin.c: the operator's view of one key */
 extern ngx_http_idempotency_problem_t  ngx_http_idempotency_admin_problems[];
-char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_admin_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 char *ngx_http_idempotency_admin_merge(ngx_conf_t *cf,
     ngx_http_idempotency_loc_conf_t *conf);
@@ -459,10 +459,10 @@ typedef struct {
 
 
 /* metrics.c: the shared zone, its slots, the directives */
-char *ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd,
+char *ngx_http_idempotency_metrics_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-char *ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+char *ngx_http_idempotency_metrics_zone_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 ngx_int_t ngx_http_idempotency_metrics_init(ngx_conf_t *cf);
 ngx_http_idempotency_metrics_conf_t *ngx_http_idempotency_metrics_get_conf(
     void);

@@ -98,7 +98,8 @@ ngx_http_idempotency_metrics_get_conf(void)
 
 
 char *
-ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_idempotency_metrics_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
@@ -124,7 +125,7 @@ ngx_http_idempotency_metrics(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 char *
-ngx_http_idempotency_metrics_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_metrics_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;

@@ -246,7 +246,7 @@ ngx_http_idempotency_cluster_route(ngx_http_idempotency_cluster_t *cl,
 static ngx_uint_t
 ngx_http_idempotency_cluster_expired(ngx_http_idempotency_op_t *op)
 {
-    if (op->resend && op->data == NULL) {
+    if (op->on_reconnect && op->data == NULL) {
         return 1;
     }
 
@@ -580,7 +580,7 @@ ngx_http_idempotency_cluster_lost(ngx_http_idempotency_node_t *node,
         return NGX_DECLINED;
     }
 
-    if (op->resend ? op->data == NULL : op->resent) {
+    if (op->on_reconnect ? op->data == NULL : op->resent) {
         return NGX_DECLINED;
     }
 

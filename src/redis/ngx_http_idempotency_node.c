@@ -155,7 +155,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_target_t *redis)
     op->handler = NULL;
     op->node = NULL;
     op->rkey_len = 0;
-    op->resend = 0;
+    op->on_reconnect = 0;
     op->resent = 0;
     op->urgent = 0;
     op->block = 0;
@@ -164,7 +164,7 @@ ngx_http_idempotency_op_alloc(ngx_http_idempotency_target_t *redis)
     op->backoff = 0;
     op->redirects = 0;
     op->asking = 0;
-    op->again = 0;
+    op->keep_bytes = 0;
     op->script = NULL;
 
     return op;
@@ -218,7 +218,7 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
      */
 
     if (!node->open || node->handshake_failed
-        || (node->reset_ev.posted && !op->again))
+        || (node->reset_ev.posted && !op->keep_bytes))
     {
         ngx_http_idempotency_op_free(op);
         return NGX_ERROR;
@@ -227,7 +227,7 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     len = argv ? ngx_http_idempotency_format_len(argc, argvlen)
                : op->buf_len;
 
-    if (op->again && len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
+    if (op->keep_bytes && len >= NGX_HTTP_IDEMPOTENCY_BULK_MIN) {
         /* a large store: formatted once, kept, and written from there */
 
         if (argv) {
@@ -266,17 +266,17 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
     p = argv ? ngx_http_idempotency_format(start, argc, argv, argvlen)
              : ngx_cpymem(start, op->buf, op->buf_len);
 
-    if (op->resend) {
+    if (op->on_reconnect) {
         if ((size_t) (p - start) <= sizeof(op->cmd)) {
             op->cmd_len = p - start;
             ngx_memcpy(op->cmd, start, op->cmd_len);
 
         } else {
-            op->resend = 0;
+            op->on_reconnect = 0;
         }
     }
 
-    if (op->again && op->buf == NULL) {
+    if (op->keep_bytes && op->buf == NULL) {
         /* a store: the record must outlive its request to be sent again */
 
         op->buf = ngx_alloc(p - start, node->redis->log);
@@ -286,7 +286,7 @@ ngx_http_idempotency_node_command(ngx_http_idempotency_node_t *node,
             ngx_memcpy(op->buf, start, op->buf_len);
 
         } else {
-            op->again = 0;
+            op->keep_bytes = 0;
             op->script = NULL;
         }
     }
@@ -347,11 +347,11 @@ ngx_http_idempotency_node_resend(ngx_http_idempotency_node_t *node)
         node->parked = op->next;
 
         p = NULL;
-        cmd = op->again ? op->buf : op->cmd;
-        len = op->again ? op->buf_len : op->cmd_len;
+        cmd = op->keep_bytes ? op->buf : op->cmd;
+        len = op->keep_bytes ? op->buf_len : op->cmd_len;
 
         if (node->open && !node->handshake_failed
-            && ((op->resend && op->data) || op->again))
+            && ((op->on_reconnect && op->data) || op->keep_bytes))
         {
             p = ngx_http_idempotency_conn_reserve(node, len);
         }
@@ -484,7 +484,7 @@ ngx_http_idempotency_node_closed(ngx_http_idempotency_node_t *node)
             continue;
         }
 
-        if (((op->resend && op->data) || op->again) && !op->resent
+        if (((op->on_reconnect && op->data) || op->keep_bytes) && !op->resent
             && !node->redis->exiting && !ngx_exiting && !ngx_terminate)
         {
             op->next = NULL;

@@ -338,8 +338,12 @@ struct ngx_http_idempotency_op_s {
                                                     nobody waits */
     ngx_http_idempotency_reply_pt    handler;
     ngx_http_idempotency_node_t     *node;       /* sent on */
-    unsigned                         resend:1;   /* safe to send twice */
-    unsigned                         resent:1;
+    /*
+     * a claim: copied into cmd, sent again on the next connection while
+     * its sender waits (safe to send twice: it finds itself)
+     */
+    unsigned                         on_reconnect:1;
+    unsigned                         resent:1;   /* was sent again */
 
     /* written at once, not at the end of the event loop's turn */
     unsigned                         urgent:1;
@@ -351,7 +355,7 @@ struct ngx_http_idempotency_op_s {
     size_t                           rkey_len;
     u_char                           rkey[NGX_HTTP_IDEMPOTENCY_RKEY_MAX];
 
-    /* node.c: the command as sent, when resend is set */
+    /* node.c: the command as sent, when on_reconnect is set */
     size_t                           cmd_len;
     u_char                           cmd[NGX_HTTP_IDEMPOTENCY_RESEND_MAX];
 
@@ -365,12 +369,13 @@ struct ngx_http_idempotency_op_s {
     unsigned                         asking:1;   /* sent after ASKING */
 
     /*
-     * a store or release keeps its command in buf; node.c sends it again
-     * once after a lost connection (again), and resp.c by EVAL of the
-     * script's text after a NOSCRIPT to its EVALSHA (script)
+     * a store or release keeps its command's bytes in buf (keep_bytes);
+     * node.c sends them again once after a lost connection, and resp.c
+     * by EVAL of the script's text after a NOSCRIPT to its EVALSHA
+     * (script)
      */
     ngx_str_t                       *script;
-    unsigned                         again:1;
+    unsigned                         keep_bytes:1;
 };
 
 

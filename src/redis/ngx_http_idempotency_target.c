@@ -276,7 +276,7 @@ ngx_http_idempotency_redis_command_kept(ngx_http_idempotency_op_t *op)
         return NGX_ERROR;
     }
 
-    op->again = 1;
+    op->keep_bytes = 1;
 
     return op->redis->topology->command(op, 0, NULL, NULL);
 }

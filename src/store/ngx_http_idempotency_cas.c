@@ -45,7 +45,7 @@ ngx_http_idempotency_claim_command(ngx_http_idempotency_key_op_t *kop,
     }
 
     /* sent again as it is after a broken connection: claims are the same */
-    kop->op.resend = 1;
+    kop->op.on_reconnect = 1;
 
     if (*mode == NGX_HTTP_IDEMPOTENCY_CLAIM_SET) {
         return ngx_http_idempotency_set_nx_get(&kop->op, rkey, claim,

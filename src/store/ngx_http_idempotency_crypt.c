@@ -65,7 +65,7 @@ static void ngx_http_idempotency_crypt_cleanup(void *data);
 
 
 char *
-ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_encrypt_key_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     u_char                             buf[NGX_HTTP_IDEMPOTENCY_CRYPT_READ];

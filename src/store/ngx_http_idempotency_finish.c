@@ -201,7 +201,7 @@ ngx_http_idempotency_finish_op(ngx_http_idempotency_target_t *redis,
 
     op = &kop->op;
     op->handler = handler;
-    op->again = 1;
+    op->keep_bytes = 1;
 
     /*
      * A release is written at once, not with the rest of the event loop
@@ -584,7 +584,7 @@ ngx_http_idempotency_native_released(ngx_http_idempotency_op_t *op,
 
     if (again) {
         again->op.handler = ngx_http_idempotency_native_done;
-        again->op.again = 1;
+        again->op.keep_bytes = 1;
 
         /* sent again, its own first attempt may be what freed the key */
         again->op.resent = op->resent;

@@ -27,7 +27,7 @@ static void ngx_http_idempotency_secret_cleanup(void *data);
 
 
 char *
-ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_idempotency_key_secret_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     u_char                  buf[NGX_HTTP_IDEMPOTENCY_SECRET_MAX + 1];

@@ -747,8 +747,8 @@ ngx_int_t ngx_http_idempotency_watch_wait(ngx_http_idempotency_watcher_t *w,
 void ngx_http_idempotency_watch_del(ngx_http_idempotency_watcher_t *w);
 
 /* secret.c: keyed record names */
-char *ngx_http_idempotency_key_secret(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+char *ngx_http_idempotency_key_secret_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 ngx_int_t ngx_http_idempotency_secret_hash(ngx_http_idempotency_secret_t *s,
     EVP_MD_CTX *md, ngx_str_t *scope, ngx_str_t *key, u_char *hash);
 ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
@@ -756,8 +756,8 @@ ssize_t ngx_http_idempotency_secret_read(ngx_conf_t *cf,
 size_t ngx_http_idempotency_secret_hex_bits(u_char *p, size_t n);
 
 /* crypt.c: completed records sealed with AES-256-GCM */
-char *ngx_http_idempotency_encrypt_key(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+char *ngx_http_idempotency_encrypt_key_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 size_t ngx_http_idempotency_crypt_room(ngx_array_t *keys);
 ngx_int_t ngx_http_idempotency_crypt_seal(ngx_array_t *keys, ngx_str_t *rkey,
     u_char *rec, size_t *len);
