@@ -137,9 +137,11 @@ newest=(valkey/forky/9.0 redis/experimental/8.4)
 newest_dir=/opt/ngx-idempotency
 newest_list=/etc/apt/ngx-idempotency-newest.list
 # what the suite calls that no package of deps.sh names: pgrep and ps
-# (t/020, t/021, t/030, t/044, util/deb-test.sh); and `ip`, which brings
-# lo up in a run's network namespace
-extra_pkgs=(procps iproute2)
+# (t/020, t/021, t/030, t/044, util/deb-test.sh); `ip`, which brings
+# lo up in a run's network namespace; and aioquic, t/070's HTTP/3 client
+# that goes away mid-request (only trixie's nginx has HTTP/3: Debian 12
+# skips t/070, and has no python3-aioquic)
+extra_pkgs=(procps iproute2 python3-aioquic)
 
 now() { date +%s; }
 

@@ -13,6 +13,9 @@
  * before the response header, that finds the client gone is dropped.
  * Once writing to the client fails, the filters go on capturing without
  * passing the response down (ngx_http_idempotency_client_gone()).
+ *
+ * An HTTP/3 request runs on a QUIC stream, a connection of its own with
+ * no socket of its own: the checks follow nginx's for c->quic.
  */
 
 
@@ -23,6 +26,7 @@ static void ngx_http_idempotency_conn_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_event_t *wev);
 static ngx_uint_t ngx_http_idempotency_closing(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_idempotency_quic(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_idempotency_peer_closed(ngx_http_request_t *r,
     ngx_event_t *ev);
 
@@ -97,7 +101,8 @@ ngx_http_idempotency_conn_handler(ngx_event_t *ev)
                 ngx_http_idempotency_send_timeout(r->main, ctx, ev);
             }
 
-        } else if ((!ev->write || !r->main->header_sent)
+        } else if ((!ev->write || !r->main->header_sent
+                    || ngx_http_idempotency_quic(r->main))
                    && ngx_http_idempotency_peer_closed(r->main, ev))
         {
             ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
@@ -158,7 +163,10 @@ ngx_http_idempotency_send_timeout(ngx_http_request_t *r,
  * worker_shutdown_timeout marks every client connection to be closed
  * (close and error).  HTTP/2 takes back "close" before it ends the
  * streams, so there the error of the connection that carries the stream
- * tells, while the worker is exiting.
+ * tells, while the worker is exiting.  A QUIC stream is itself one of the
+ * cycle's connections and is marked so; a QUIC connection that closes
+ * (the client's CONNECTION_CLOSE, an idle timeout) marks its streams
+ * "close" too, but not "error": that is a client gone, not the timeout.
  */
 
 static ngx_uint_t
@@ -170,7 +178,33 @@ ngx_http_idempotency_closing(ngx_http_request_t *r)
     }
 #endif
 
+#if (NGX_HTTP_V3)
+    if (r->connection->quic) {
+        return r->connection->close && r->connection->error;
+    }
+#endif
+
     return r->connection->close;
+}
+
+
+/*
+ * Whether the request runs on a QUIC stream.  Once such a stream cannot
+ * be written, a write event is of no use to the response, and one passed
+ * on would end the request: a QUIC connection that closes marks its
+ * streams "close", which ngx_http_request_handler() obeys at once.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_quic(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_V3)
+    if (r->connection->quic) {
+        return 1;
+    }
+#endif
+
+    return 0;
 }
 
 
@@ -185,6 +219,19 @@ ngx_http_idempotency_peer_closed(ngx_http_request_t *r, ngx_event_t *ev)
     ngx_connection_t  *c;
 
     c = r->connection;
+
+#if (NGX_HTTP_V3)
+    if (c->quic) {
+        /*
+         * A QUIC stream's fd is the UDP socket that every stream and
+         * client of the listener shares, and its read event's eof is the
+         * end of the request body, not of the client.  As nginx's own
+         * check, the client is gone once the stream cannot be written:
+         * the client's STOP_SENDING, or the QUIC connection closed.
+         */
+        return c->error || c->write->error;
+    }
+#endif
 
     /* epoll's EPOLLRDHUP: what nginx itself trusts, TLS included */
 
