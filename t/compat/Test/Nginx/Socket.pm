@@ -198,14 +198,27 @@ sub rand_port () {
 # nginx process management
 # ---------------------------------------------------------------------------
 
+# The nginx version is the one of the "nginx version:" line, as the real
+# Test::Nginx::Util reads it: the first "nginx.../X.Y.Z" (or "openresty"),
+# else the first "word/X.Y.Z".  Angie and Tengine print a line of their own
+# before it ("Angie version: Angie/1.12.1"), which is not the nginx version
+# their skip_nginx specs compare with; freenginx's is "nginx version:
+# freenginx/1.29.7".
+sub parse_nginx_version ($) {
+    my $out = shift;
+    return sprintf "%d.%03d%03d", $1, $2, $3
+        if $out =~ m{(?:nginx|openresty)[^/]*/(\d+)\.(\d+)\.(\d+)}s
+        || $out =~ m{\w+/(\d+)\.(\d+)\.(\d+)}s;
+    return undef;
+}
+
 sub nginx_version () {
     return $NginxVersion if defined $NginxVersion;
     $NginxV = `$NginxBinary -V 2>&1`;
-    if ($? != 0 || $NginxV !~ m{/(\d+)\.(\d+)\.(\d+)}) {
-        bail_out("Failed to run \"$NginxBinary -V\" (set TEST_NGINX_BINARY?): "
-                 . ($NginxV // ''));
-    }
-    $NginxVersion = sprintf "%d.%03d%03d", $1, $2, $3;
+    $NginxVersion = parse_nginx_version($NginxV // '') if $? == 0;
+    defined $NginxVersion
+        or bail_out("Failed to run \"$NginxBinary -V\" (set TEST_NGINX_BINARY?): "
+                    . ($NginxV // ''));
     return $NginxVersion;
 }
 
