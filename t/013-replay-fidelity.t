@@ -322,7 +322,7 @@ qr/^RA 409 1$/m
 
 === TEST 9: a header with CR, LF or NUL from another module is dropped, the rest replayed
 --- main_config
-    load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;
+    load_module $TEST_NGINX_PERL_MODULE;
 --- config
     location = /pay {
         idempotency on;
@@ -359,7 +359,7 @@ header "X-Split" has CR, LF or NUL, not stored
 
 === TEST 10: a Location with CR LF is dropped, not fatal
 --- main_config
-    load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;
+    load_module $TEST_NGINX_PERL_MODULE;
 --- config
     location = /pay {
         idempotency on;

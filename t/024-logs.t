@@ -12,7 +12,7 @@ __DATA__
 
 === TEST 1: a claim lost while the upstream ran: error, with the request's context
 --- main_config
-    load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;
+    load_module $TEST_NGINX_PERL_MODULE;
 --- config
     location = /pay {
         idempotency on;

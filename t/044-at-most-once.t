@@ -305,7 +305,7 @@ if ($pid == 0) {
 }
 sleep 0.5 * $slow;
 my @workers = map { /^\s*(\d+)/ ? $1 : () }
-              `pgrep -f 'nginx: worker process' -P \$(cat $a/logs/nginx.pid)`;
+              `pgrep -f ': worker process' -P \$(cat $a/logs/nginx.pid)`;
 kill 'KILL', @workers;
 waitpid $pid, 0;
 is(idem_status(post($edge_b, 'kill-1', '/lease/slow')), '409 conflict',

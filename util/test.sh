@@ -17,8 +17,12 @@ export TEST_NGINX_REDIS_CLI=$REDIS_CLI
 export TEST_NGINX_REDIS_SOCKET=/tmp/ngx-idempotency-redis-$TEST_NGINX_REDIS_PORT/redis.sock
 export TEST_NGINX_BINARY=${TEST_NGINX_BINARY:-/usr/sbin/nginx}
 export TEST_NGINX_MODULE=$module
-echo_so=/usr/lib/nginx/modules/ngx_http_echo_module.so
-export TEST_NGINX_LOAD_MODULES="$module $echo_so"
+# the echo and perl modules the tests load, built for TEST_NGINX_BINARY:
+# Debian's packages for its nginx, build/forks/NAME/modules for a server
+# that util/forks.sh built
+modules_dir=${TEST_NGINX_MODULES_DIR:-/usr/lib/nginx/modules}
+export TEST_NGINX_PERL_MODULE=$modules_dir/ngx_http_perl_module.so
+export TEST_NGINX_LOAD_MODULES="$module $modules_dir/ngx_http_echo_module.so"
 export TEST_NGINX_SERVROOT=${TEST_NGINX_SERVROOT:-$top/t/servroot}
 
 asan_dir=${TEST_ASAN_DIR:-/tmp/ngx-idempotency-asan}

@@ -1,10 +1,13 @@
 # Loading a dynamic module through TEST_NGINX_LOAD_MODULES.  Uses Debian's
-# libnginx-mod-http-echo with the stock nginx; skipped when not available.
+# libnginx-mod-http-echo with the stock nginx, or the echo module built for
+# another server in TEST_NGINX_MODULES_DIR (util/forks.sh); skipped when
+# not available.
 BEGIN {
-    my $so = '/usr/lib/nginx/modules/ngx_http_echo_module.so';
+    my $dir = $ENV{TEST_NGINX_MODULES_DIR};
+    my $so = ($dir // '/usr/lib/nginx/modules') . '/ngx_http_echo_module.so';
     my $bin = $ENV{TEST_NGINX_BINARY};
-    if (!-f $so || (defined $bin && $bin ne '/usr/sbin/nginx')) {
-        print "1..0 # SKIP needs /usr/sbin/nginx and libnginx-mod-http-echo\n";
+    if (!-f $so || (!defined $dir && defined $bin && $bin ne '/usr/sbin/nginx')) {
+        print "1..0 # SKIP needs the echo module built for TEST_NGINX_BINARY\n";
         exit 0;
     }
     my $mods = $ENV{TEST_NGINX_LOAD_MODULES} // '';
