@@ -16,8 +16,20 @@
  * A place has a resolver of its own when the "resolver" directive named
  * servers: nginx keeps them in an array, Angie in a list (its resolvers
  * can change at run time), empty where none was named.
+ *
+ * Angie 1.12.0 gives every place "resolver conf" unless "resolver off":
+ * the name servers of /etc/resolv.conf, after a placeholder that heads the
+ * list and is its last configured entry when no server was named.  Such a
+ * resolver does not count, so that a configuration means what it means in
+ * nginx: a name is resolved once, by the system (with /etc/hosts), and
+ * "nginx -t" refuses one that does not resolve.
  */
-#if defined(angie_version)
+#if defined(angie_version) && (angie_version >= 1012000)
+#define ngx_http_idempotency_resolver_set(r)                                  \
+    ((r)->connections != NULL                                                 \
+     && ((r)->resolv_conf.len == 0                                            \
+         || (r)->last_conf_connection != (r)->connections))
+#elif defined(angie_version)
 #define ngx_http_idempotency_resolver_set(r)  ((r)->connections != NULL)
 #else
 #define ngx_http_idempotency_resolver_set(r)  ((r)->connections.nelts != 0)

@@ -341,4 +341,26 @@ like($out, qr/\(500 ms\) must be shorter than "idempotency_redis_timeout" \(300 
     ok($ok, "a secret of 64 hexadecimal digits is accepted") or diag $out;
 }
 
+# Angie 1.12 gives every place "resolver conf" (the name servers of
+# /etc/resolv.conf) unless "resolver off"; that resolver is not one of the
+# place's own: a name is resolved once, by the system, and checked by -t,
+# as in nginx.  Name servers given to "resolver" are used on each connect.
+SKIP: {
+    my ($minor) = `$nginx -V 2>&1` =~ m{^Angie version: Angie/1\.(\d+)\.}m;
+    skip 'Angie 1.12 and later: "resolver conf" is its default', 3
+        unless defined $minor && $minor >= 12;
+
+    my $bad = "            idempotency on;\n"
+              . "            idempotency_redis 999.1.1.1:6379;";
+    for my $resolver ('', 'resolver conf;') {
+        ($ok, $out) = nginx_t("$resolver\n$bad");
+        like($out, qr/invalid redis address "999\.1\.1\.1:6379": host not found/,
+             "Angie, resolver \"$resolver\": the name is checked by -t")
+            or diag $out;
+    }
+    ($ok, $out) = nginx_t("resolver 127.0.0.1;\n$bad");
+    ok($ok, 'Angie, a named resolver: resolved on each connect, not by -t')
+        or diag $out;
+}
+
 done_testing();
