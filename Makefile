@@ -31,8 +31,16 @@
 #   make version-check  src/ngx_http_idempotency_version.h, CHANGELOG.md
 #                   and debian/changelog name the same version
 #   make check-nginx NGINX_SRC=DIR  build the module with -Werror against
-#                   the nginx source tree DIR (a release or a git checkout)
-#                   in 3 configurations (docs/compatibility.md)
+#                   the nginx source tree DIR (a release or a git checkout,
+#                   or its tarball) in 3 configurations
+#                   (docs/compatibility.md)
+#   make test FORK=angie  the suite (or TEST_FILES) against a server built
+#                   from its release tarball in FORKS_DIR with this module,
+#                   the echo and the perl modules (util/forks.sh; nginx,
+#                   freenginx, angie, tengine), in build/forks/NAME
+#   make test-forks the same for each of FORKS (all four); FORKS_FILES
+#                   picks the files (FORKS_FILES=core: the five files on
+#                   the nginx internals the module reads, FORKS_CORE)
 #   make test-topologies  the tests that run on Redis topologies (TLS,
 #                   Cluster, Sentinel, replicas: util/topology.sh) and
 #                   the DNS stub: the files of t/ with a line
@@ -76,7 +84,17 @@ DOCDIR      ?= $(PREFIX)/share/doc/ngx_http_idempotency_module
 
 export TEST_NGINX_REDIS_PORT ?= 16379
 
-.PHONY: all module deps clean test test-asan test-topologies test-valkey \
+# the servers of util/forks.sh, and their release tarballs
+FORKS      ?= nginx freenginx angie tengine
+export FORKS_DIR ?= $(CURDIR)/../shared/forks
+# what the module reads of nginx's internals: the request's lifecycle, the
+# upstream's state at most once depends on, the TLS library encryption
+# uses, HTTP/2 request bodies and gRPC trailers, reload and worker exit
+FORKS_CORE  = t/001-lifecycle.t t/044-at-most-once.t t/048-encrypt.t \
+              t/014-grpc.t t/021-hostile.t t/020-torture.t
+FORKS_FILES ?=
+
+.PHONY: all module deps clean test test-forks test-asan test-topologies test-valkey \
         test-trixie bench-trixie demo bench durability torture faults fuzz \
         model version-check check-nginx deb deb-test install
 
@@ -91,8 +109,16 @@ deps:
 	./util/deps.sh
 
 test: deps
+ifeq ($(FORK),)
 	$(MAKE) module
 	./util/test.sh "$(MODULE)"
+else
+	./util/forks.sh test $(FORK)
+endif
+
+test-forks: deps
+	FORKS_FILES="$(if $(filter core,$(FORKS_FILES)),$(FORKS_CORE),$(FORKS_FILES))" \
+	    ./util/forks.sh test $(FORKS)
 
 test-asan: deps
 	$(MAKE) module BUILD=$(BUILD)-asan \

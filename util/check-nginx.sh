@@ -12,8 +12,9 @@ src=${1:?usage: check-nginx.sh NGINX_SOURCE_TREE_OR_TARBALL}
 top=$(cd "$(dirname "$0")/.." && pwd)
 
 # configure writes objs/ and a Makefile into the tree: build in a copy,
-# outside both the tree and this repository
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/check-nginx.XXXXXX")
+# in this repository's build/ (ignored by git), never in the tree itself
+mkdir -p "$top/build"
+scratch=$(mktemp -d "$top/build/check-nginx.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
 # a release tarball (nginx, freenginx, Angie, Tengine) is unpacked there
