@@ -93,6 +93,9 @@ export FORKS_DIR ?= $(CURDIR)/../shared/forks
 FORKS_CORE  = t/001-lifecycle.t t/044-at-most-once.t t/048-encrypt.t \
               t/014-grpc.t t/021-hostile.t t/020-torture.t
 FORKS_FILES ?=
+# what building the servers needs beyond make deps: PCRE, zlib, and perl's
+# headers for the perl module
+FORKS_DEPS  = libpcre2-dev zlib1g-dev libperl-dev
 
 .PHONY: all module deps clean test test-forks test-asan test-topologies test-valkey \
         test-trixie bench-trixie demo bench durability torture faults fuzz \
@@ -113,10 +116,12 @@ ifeq ($(FORK),)
 	$(MAKE) module
 	./util/test.sh "$(MODULE)"
 else
+	./util/deps.sh $(FORKS_DEPS)
 	./util/forks.sh test $(FORK)
 endif
 
 test-forks: deps
+	./util/deps.sh $(FORKS_DEPS)
 	FORKS_FILES="$(if $(filter core,$(FORKS_FILES)),$(FORKS_CORE),$(FORKS_FILES))" \
 	    ./util/forks.sh test $(FORKS)
 

@@ -53,9 +53,10 @@ subst(qr{upstream auth \{\s*server \K[\d.]+:\d+}, "127.0.0.1:$auth",
       'auth server');
 subst(qr{^ *listen \K443 }m, "127.0.0.1:$edge ", 'listen 443');
 # nginx 1.25.1 deprecated "listen ... http2": the conf's comment says what
-# to write there instead, and that is what this nginx gets
+# to write there instead, and that is what this nginx gets.  The version
+# is the "nginx version:" line of -V: Angie's -v prints only its own
 my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
-my ($version) = `$bin -v 2>&1` =~ m{nginx/(\d+\.\d+\.\d+)};
+my ($version) = `$bin -V 2>&1` =~ m{^nginx version: \S*?/(\d+\.\d+\.\d+)}m;
 my $h2 = sprintf('%03d%03d%03d', split /\./, $version // '0.0.0')
          ge '001025001';
 if ($h2) {
