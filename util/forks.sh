@@ -27,8 +27,11 @@
 #   src/       the unpacked tree, configured; a later build only rebuilds
 #              the modules, so a change to src/ costs seconds
 #
-# Everything stays under build/: nothing of a server's tree enters the
-# repository.
+# FORKS_BUILD (default build/forks) is where the servers are kept: a
+# directory outside the clone keeps them across CI runs, and a new clone
+# only configures them again and rebuilds the modules (about a minute
+# each).  FORKS_JOBS (2) is make's -j.  Everything else stays under build/:
+# nothing of a server's tree enters the repository.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
