@@ -21,7 +21,9 @@ __DATA__
     location = /backend {
         client_max_body_size 10m;
         access_log logs/error.log backend;
-        return 201 "got $content_length\n";
+        # the header: freenginx's $content_length is empty where the
+        # body is not read, as before "return"
+        return 201 "got $http_content_length\n";
     }
 --- more_headers
 Idempotency-Key: body-1
